@@ -1,0 +1,152 @@
+"""Paged attention in plain torch: the fast path for CPU serving.
+
+Decode is vectorised over the batch: the blocks of every sequence are gathered through the block
+tables into one `[seqs, padded_len, kv_heads, head_dim]` tensor (padded to the longest context),
+and one `scaled_dot_product_attention` call with a boolean mask and `enable_gqa` does the rest.
+On CPU that beat explicit matmuls + softmax (see docs/kernels.md): torch's CPU flash kernel fuses
+mask, softmax and the GQA broadcast and accumulates in fp32 (opmath) for fp16/bf16 inputs.
+
+Prefill loops over the sequences of the step (there are few) with one SDPA call each.
+
+Sliding window `W`: a query at position `p` sees keys at positions `p - W < k <= p` (W keys
+including itself), the Hugging Face / Mistral convention.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import (
+    AttentionShape,
+    check_attention_args,
+    check_decode_q,
+    check_lengths,
+    check_query_start_loc,
+)
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """`cache[block_ids]` with blocks flattened into tokens: `[..., n * block_size, heads, dim]`."""
+    blocks = cache[block_ids.long()]
+    return blocks.flatten(-4, -3)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    shape = check_attention_args(
+        q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
+    )
+    check_decode_q(q, shape)
+    if shape.num_seqs == 0:
+        return torch.empty_like(q)
+    lens_host = context_lens.tolist()
+    check_lengths(lens_host, None, shape)
+    num_blocks = -(-max(lens_host) // shape.block_size)
+    used_tables = block_tables[:, :num_blocks]
+    # [seqs, kv_heads, padded_len, dim]: the layout SDPA wants.
+    keys = gather_blocks(k_cache, used_tables).transpose(1, 2)
+    values = gather_blocks(v_cache, used_tables).transpose(1, 2)
+    mask = _decode_mask(context_lens, num_blocks * shape.block_size, sliding_window)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.squeeze(2)
+
+
+def _decode_mask(
+    context_lens: torch.Tensor, padded_len: int, sliding_window: int | None
+) -> torch.Tensor:
+    """`[seqs, 1, 1, padded_len]`, True where the single query may attend."""
+    positions = torch.arange(padded_len, device=context_lens.device)
+    lens = context_lens.unsqueeze(1)
+    visible = positions.unsqueeze(0) < lens
+    if sliding_window is not None:
+        visible &= positions.unsqueeze(0) >= lens - sliding_window
+    return visible[:, None, None, :]
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    shape = check_attention_args(
+        q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
+    )
+    check_query_start_loc(query_start_loc, q, shape.num_seqs)
+    starts = query_start_loc.tolist()
+    lens_host = context_lens.tolist()
+    query_lens = [end - start for start, end in itertools.pairwise(starts)]
+    check_lengths(lens_host, query_lens, shape)
+    if shape.num_seqs > 0 and (starts[0] != 0 or starts[-1] != q.shape[0]):
+        raise ValueError(
+            f"query_start_loc: must run from 0 to q's {q.shape[0]} tokens, "
+            f"got {starts[0]}..{starts[-1]}"
+        )
+    out = torch.empty_like(q)
+    for seq in range(shape.num_seqs):
+        if query_lens[seq] == 0:
+            continue
+        rows = slice(starts[seq], starts[seq + 1])
+        out[rows] = _prefill_one(
+            q[rows], k_cache, v_cache, block_tables[seq], lens_host[seq], shape, scale,
+            sliding_window,
+        )  # fmt: skip
+    return out
+
+
+def _prefill_one(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    shape: AttentionShape,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    num_blocks = -(-context_len // shape.block_size)
+    used_table = block_table[:num_blocks]
+    keys = gather_blocks(k_cache, used_table)[:context_len].transpose(0, 1)
+    values = gather_blocks(v_cache, used_table)[:context_len].transpose(0, 1)
+    query_len = q.shape[0]
+    queries = q.transpose(0, 1)
+    if query_len == context_len and sliding_window is None:
+        # No earlier context: SDPA's own (top-left aligned) causal mask is the right one.
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        mask = causal_mask(query_len, context_len, sliding_window, q.device)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return out.transpose(0, 1)
+
+
+def causal_mask(
+    query_len: int, context_len: int, sliding_window: int | None, device: torch.device
+) -> torch.Tensor:
+    """`[query_len, context_len]`, True where query i (position context_len - query_len + i)
+    may attend to key j."""
+    query_pos = torch.arange(context_len - query_len, context_len, device=device).unsqueeze(1)
+    key_pos = torch.arange(context_len, device=device).unsqueeze(0)
+    visible = key_pos <= query_pos
+    if sliding_window is not None:
+        visible &= key_pos > query_pos - sliding_window
+    return visible
