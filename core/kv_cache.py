@@ -66,7 +66,7 @@ class KVCache:
         return self.tensor[layer, 1]
 
     def gather(self, block_ids: list[int]) -> torch.Tensor:
-        """Copies of the given blocks for every layer: `[layers, 2, len(ids), block, heads, dim]`."""
+        """Copies of the given blocks, all layers: `[layers, 2, len(ids), block, heads, dim]`."""
         index = torch.tensor(block_ids, dtype=torch.long, device=self.tensor.device)
         return self.tensor.index_select(2, index)
 

@@ -1,0 +1,36 @@
+"""Engine configuration: built once (CLI flags / `PDSERVE_*` env / keyword args) and passed down."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from pdserve.core.kv_cache import DTYPES
+
+
+class SchedulingPolicy(enum.Enum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"  # higher `priority` first, then arrival
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    num_kv_blocks: int = 1024
+    num_swap_blocks: int = 512
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.num_swap_blocks < 0:
+            raise ValueError(f"num_swap_blocks: must be >= 0, got {self.num_swap_blocks}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.policy, SchedulingPolicy):
+            object.__setattr__(self, "policy", SchedulingPolicy(self.policy))

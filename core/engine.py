@@ -1,0 +1,183 @@
+"""The in-process engine: validate, schedule, run, sample, stream deltas.
+
+One thread drives `step()`; everything else (adding, aborting) happens between steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from pdserve.core.config import EngineConfig
+from pdserve.core.detokenizer import IncrementalDetokenizer
+from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.model import load_model
+from pdserve.core.model_config import ModelConfig, load_model_config
+from pdserve.core.model_runner import ModelRunner
+from pdserve.core.outputs import FinishReason, TokenDelta
+from pdserve.core.request import Request, RequestStatus
+from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
+from pdserve.core.scheduler import Scheduler, blocks_for
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_free_swap_blocks: int
+    num_preemptions: int
+    num_swaps_out: int
+
+
+class LLMEngine:
+    def __init__(self, model_dir: Path, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config: ModelConfig = load_model_config(model_dir)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+        device = torch.device(config.device)
+        self.layout = KVLayout(
+            num_layers=self.model_config.num_layers,
+            num_kv_heads=self.model_config.num_kv_heads,
+            head_dim=self.model_config.head_dim,
+            block_size=config.block_size,
+            dtype=config.dtype,
+        )
+        model = load_model(model_dir, self.model_config, self.layout.torch_dtype, device)
+        kv_cache = KVCache(self.layout, config.num_kv_blocks, device)
+        swap = (
+            KVCache(self.layout, config.num_swap_blocks, "cpu") if config.num_swap_blocks else None
+        )
+        if swap is not None and device.type == "cuda":
+            swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
+        self.runner = ModelRunner(model, kv_cache, swap)
+        self.scheduler = Scheduler(config)
+        self.requests: dict[str, Request] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._arrivals = itertools.count()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+    ) -> str:
+        """Validates and queues a request; raises InvalidRequestError naming the bad field."""
+        order = next(self._arrivals)
+        request_id = str(order) if request_id is None else request_id
+        if request_id in self.requests:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling", "must be a SamplingParams")
+        token_ids = self._prompt_token_ids(prompt)
+        self._check_fits(len(token_ids), params.max_tokens)
+        request = Request(request_id, token_ids, params, order, time.monotonic())
+        if params.seed is not None:
+            request.generator = torch.Generator().manual_seed(params.seed)
+        self.requests[request_id] = request
+        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        self.scheduler.add(request)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Finishes a request as aborted and frees its blocks (unknown ids are ignored)."""
+        request = self.requests.pop(request_id, None)
+        if request is not None:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            del self._detokenizers[request_id]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "must not be empty")
+            return list(self.tokenizer.encode(prompt))
+        if not isinstance(prompt, list) or not prompt:
+            raise InvalidRequestError("prompt_token_ids", "must be a non-empty list of token ids")
+        vocab = self.model_config.vocab_size
+        for token_id in prompt:
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                raise InvalidRequestError("prompt_token_ids", "every token id must be an integer")
+            if not 0 <= token_id < vocab:
+                raise InvalidRequestError(
+                    "prompt_token_ids",
+                    f"token id {token_id} is outside the vocabulary [0, {vocab})",
+                )
+        return list(prompt)
+
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        context = self.model_config.max_position
+        if prompt_len + max_tokens > context:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                f"context length of {context}",
+            )
+        needed = blocks_for(prompt_len + max_tokens, self.config.block_size)
+        if needed > self.config.num_kv_blocks:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt + max_tokens needs {needed} KV blocks, more than the whole cache "
+                f"({self.config.num_kv_blocks})",
+            )
+
+    # -- one step -------------------------------------------------------------------------
+
+    def step(self) -> list[TokenDelta]:
+        output = self.scheduler.schedule()
+        sampled = self.runner.execute(output, self.requests)
+        for request_id, num_new in output.num_scheduled_tokens.items():
+            self.requests[request_id].num_computed_tokens += num_new
+        return [self._append(self.requests[rid], token) for rid, token in sampled.items()]
+
+    def _append(self, request: Request, token: int) -> TokenDelta:
+        request.output_token_ids.append(token)
+        status = self._stop_status(request, token)
+        detokenizer = self._detokenizers[request.request_id]
+        text = detokenizer.add([token], final=status is not None)
+        if detokenizer.stopped:
+            status = RequestStatus.FINISHED_STOPPED
+        if status is not None:
+            self.scheduler.finish(request, status)
+            del self.requests[request.request_id], self._detokenizers[request.request_id]
+        return TokenDelta(
+            request.request_id,
+            (token,),
+            text,
+            FinishReason.of(status) if status else None,
+        )
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.params
+        if token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if not params.ignore_eos and token in self.model_config.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if len(request.output_token_ids) >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        return EngineStats(
+            num_waiting=len(scheduler.waiting),
+            num_running=len(scheduler.running),
+            num_swapped=len(scheduler.swapped),
+            num_free_blocks=scheduler.block_pool.num_free,
+            num_total_blocks=scheduler.block_pool.num_blocks,
+            num_free_swap_blocks=scheduler.swap_pool.num_free,
+            num_preemptions=scheduler.num_preemptions,
+            num_swaps_out=scheduler.num_swaps_out,
+        )

@@ -1,0 +1,169 @@
+"""pdserve's own forward pass of the Llama family over the paged KV cache.
+
+Like vLLM and nano-vllm, the model is written here rather than wrapped from transformers: it reads
+and writes K/V through block tables and slot mappings (`pdserve.kernels`), computes logits only
+for the tokens that need them, and fuses q/k/v and gate/up into one matmul each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from pdserve.core.forward_batch import ForwardBatch
+from pdserve.core.kv_cache import KVCache
+from pdserve.core.model_config import ModelConfig
+from pdserve.core.rotary import RotaryEmbedding
+from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # q, k and v projections stacked on the output dim
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_attention_norm: torch.Tensor
+    gate_up: torch.Tensor  # gate and up projections stacked on the output dim
+    down: torch.Tensor
+
+
+class CausalLM:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+        self.config = config
+        self.embed = weights["model.embed_tokens.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = weights.get("lm_head.weight", self.embed)
+        self.layers = [_layer_weights(weights, i, config) for i in range(config.num_layers)]
+        self.rotary = RotaryEmbedding(config, self.embed.dtype, self.embed.device)
+        self.scale = config.head_dim**-0.5
+        self._q_size = config.num_heads * config.head_dim
+        self._kv_size = config.num_kv_heads * config.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
+        """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32."""
+        hidden = F.embedding(batch.input_ids, self.embed)
+        residual: torch.Tensor | None = None
+        for index, layer in enumerate(self.layers):
+            hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
+            hidden = self._attention(index, layer, hidden, batch, kv_cache)
+            hidden, residual = self._add_norm(hidden, residual, layer.post_attention_norm)
+            hidden = self._mlp(layer, hidden)
+        assert residual is not None  # at least one layer ran
+        last = (hidden + residual)[batch.logits_indices]
+        return F.linear(self._rms_norm(last, self.norm), self.lm_head).float()
+
+    def _add_norm(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = hidden if residual is None else hidden + residual
+        return self._rms_norm(residual, weight), residual
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # Computed in float32 like transformers' LlamaRMSNorm, whatever the model dtype.
+        as_float = x.float()
+        variance = as_float.pow(2).mean(-1, keepdim=True)
+        normed = as_float * torch.rsqrt(variance + self.config.rms_norm_eps)
+        return weight * normed.to(x.dtype)
+
+    def _attention(
+        self,
+        index: int,
+        layer: LayerWeights,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        config = self.config
+        num_tokens = hidden.shape[0]
+        qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)
+        q, k, v = torch.split(qkv, [self._q_size, self._kv_size, self._kv_size], dim=-1)
+        q = q.view(num_tokens, config.num_heads, config.head_dim)
+        k = k.view(num_tokens, config.num_kv_heads, config.head_dim)
+        v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
+        q, k = self.rotary.apply(batch.positions, q, k)
+        k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        return F.linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)
+
+    def _attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        window = self.config.sliding_window
+        parts = []
+        split = batch.num_decode_tokens
+        if batch.decode is not None:
+            parts.append(
+                paged_attention_decode(
+                    q[:split],
+                    k_cache,
+                    v_cache,
+                    batch.decode.block_tables,
+                    batch.decode.context_lens,
+                    self.scale,
+                    sliding_window=window,
+                )
+            )
+        if batch.prefill is not None:
+            parts.append(
+                paged_attention_prefill(
+                    q[split:],
+                    k_cache,
+                    v_cache,
+                    batch.prefill.block_tables,
+                    batch.prefill.query_start_loc,
+                    batch.prefill.context_lens,
+                    self.scale,
+                    sliding_window=window,
+                )
+            )
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _mlp(self, layer: LayerWeights, hidden: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(hidden, layer.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down)
+
+
+def _layer_weights(
+    weights: dict[str, torch.Tensor], index: int, config: ModelConfig
+) -> LayerWeights:
+    prefix = f"model.layers.{index}."
+
+    def get(name: str) -> torch.Tensor:
+        return weights[prefix + name]
+
+    qkv_names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    bias = torch.cat([get(f"{name}.bias") for name in qkv_names]) if config.attention_bias else None
+    return LayerWeights(
+        input_norm=get("input_layernorm.weight"),
+        qkv=torch.cat([get(f"{name}.weight") for name in qkv_names]),
+        qkv_bias=bias,
+        o_proj=get("self_attn.o_proj.weight"),
+        post_attention_norm=get("post_attention_layernorm.weight"),
+        gate_up=torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+        down=get("mlp.down_proj.weight"),
+    )
+
+
+def load_model(
+    model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> CausalLM:
+    """Loads every `*.safetensors` file of the folder (sharded or not) into a `CausalLM`."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model: no *.safetensors weights in {model_dir}")
+    weights: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                weights[name] = handle.get_tensor(name).to(dtype=dtype, device=device)
+    return CausalLM(config, weights)

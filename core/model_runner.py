@@ -1,0 +1,133 @@
+"""Executes one scheduler step: block copies, the forward pass, sampling.
+
+The runner owns the device KV cache and the CPU swap space; the scheduler owns which blocks are
+whose. Copies run in the order the scheduler relies on: swap-out, then swap-in, then the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.core.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
+from pdserve.core.kv_cache import KVCache
+from pdserve.core.model import CausalLM
+from pdserve.core.request import Request
+from pdserve.core.sampler import sample
+from pdserve.core.scheduler import SchedulerOutput
+from pdserve.kernels import copy_blocks
+
+_BLOCK_DIM = 2  # the block axis of KVCache.tensor
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One request's share of a step: `num_new` tokens starting at `start`."""
+
+    request: Request
+    start: int
+    num_new: int
+
+    @property
+    def completes(self) -> bool:
+        """Whether the request catches up this step, so its next token is sampled."""
+        return self.start + self.num_new == self.request.num_tokens
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv_cache: KVCache, swap_cache: KVCache | None) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.swap_cache = swap_cache
+        self.block_size = kv_cache.layout.block_size
+        self.device = kv_cache.tensor.device
+
+    def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, int]:
+        """Runs the step; returns the sampled token of every request that caught up."""
+        self._copy_swapped_blocks(output)
+        chunks = _ordered_chunks(output, requests)
+        if not chunks:
+            return {}
+        logits = self.model.forward(self._build_batch(chunks), self.kv_cache)
+        sampling = [chunk for chunk in chunks if chunk.completes]
+        tokens = sample(
+            logits,
+            [chunk.request.params for chunk in sampling],
+            [chunk.request.generator for chunk in sampling],
+        )
+        return {
+            chunk.request.request_id: token for chunk, token in zip(sampling, tokens, strict=True)
+        }
+
+    def _copy_swapped_blocks(self, output: SchedulerOutput) -> None:
+        if not (output.swap_out or output.swap_in):
+            return
+        if self.swap_cache is None:
+            raise RuntimeError("scheduler asked for a swap but the engine has no swap space")
+        for pairs, src, dst in (
+            (output.swap_out, self.kv_cache, self.swap_cache),
+            (output.swap_in, self.swap_cache, self.kv_cache),
+        ):
+            if pairs:
+                src_ids, dst_ids = zip(*pairs, strict=True)
+                copy_blocks(src.tensor, dst.tensor, list(src_ids), list(dst_ids), dim=_BLOCK_DIM)
+
+    def _build_batch(self, chunks: list[ScheduledChunk]) -> ForwardBatch:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_indices: list[int] = []
+        for chunk in chunks:
+            request = chunk.request
+            for position in range(chunk.start, chunk.start + chunk.num_new):
+                input_ids.append(request.token_id(position))
+                positions.append(position)
+                block = request.block_ids[position // self.block_size]
+                slots.append(block * self.block_size + position % self.block_size)
+            if chunk.completes:
+                logits_indices.append(len(input_ids) - 1)
+        decode = [chunk for chunk in chunks if chunk.num_new == 1]
+        prefill = chunks[len(decode) :]
+        return ForwardBatch(
+            input_ids=self._tensor(input_ids, torch.long),
+            positions=self._tensor(positions, torch.long),
+            slot_mapping=self._tensor(slots, torch.long),
+            num_decode_tokens=len(decode),
+            decode=self._decode_metadata(decode) if decode else None,
+            prefill=self._prefill_metadata(prefill) if prefill else None,
+            logits_indices=self._tensor(logits_indices, torch.long),
+        )
+
+    def _decode_metadata(self, chunks: list[ScheduledChunk]) -> DecodeMetadata:
+        return DecodeMetadata(
+            block_tables=self._block_tables(chunks),
+            context_lens=self._tensor([c.start + c.num_new for c in chunks], torch.int32),
+        )
+
+    def _prefill_metadata(self, chunks: list[ScheduledChunk]) -> PrefillMetadata:
+        starts = [0]
+        for chunk in chunks:
+            starts.append(starts[-1] + chunk.num_new)
+        return PrefillMetadata(
+            block_tables=self._block_tables(chunks),
+            query_start_loc=self._tensor(starts, torch.int32),
+            context_lens=self._tensor([c.start + c.num_new for c in chunks], torch.int32),
+        )
+
+    def _block_tables(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        width = max(-(-(c.start + c.num_new) // self.block_size) for c in chunks)
+        rows = [c.request.block_ids[:width] for c in chunks]
+        return self._tensor([row + [0] * (width - len(row)) for row in rows], torch.int32)
+
+    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+
+def _ordered_chunks(output: SchedulerOutput, requests: dict[str, Request]) -> list[ScheduledChunk]:
+    """Decode chunks (one token) first, then prefill chunks: the layout ForwardBatch expects."""
+    chunks = [
+        ScheduledChunk(requests[rid], requests[rid].num_computed_tokens, num_new)
+        for rid, num_new in output.num_scheduled_tokens.items()
+    ]
+    return sorted(chunks, key=lambda chunk: chunk.num_new != 1)

@@ -1,0 +1,51 @@
+"""What the engine reports back for each request."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from pdserve.core.request import RequestStatus
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORTED = "aborted"
+
+    @classmethod
+    def of(cls, status: RequestStatus) -> FinishReason | None:
+        return _BY_STATUS.get(status)
+
+
+_BY_STATUS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORTED,
+}
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New tokens of one request from one step (the last delta carries the finish reason)."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """A finished request, as the offline API returns it."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    num_preemptions: int

@@ -1,0 +1,63 @@
+"""A request's state as it moves through the scheduler."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from pdserve.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_KV = "waiting_for_kv"  # decode tier: blocks reserved, KV still in flight
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "aborted"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH,
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
+}
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_order: int  # ties in arrival time are broken by this, so ordering is total
+    arrival_time: float
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    swap_block_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    generator: torch.Generator | None = None  # per-request RNG when the request has a seed
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def token_id(self, index: int) -> int:
+        prompt_len = len(self.prompt_token_ids)
+        if index < prompt_len:
+            return self.prompt_token_ids[index]
+        return self.output_token_ids[index - prompt_len]

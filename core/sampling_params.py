@@ -1,0 +1,60 @@
+"""Per-request generation settings, validated once when the request arrives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class InvalidRequestError(ValueError):
+    """Bad user input. The message starts with the offending field's name."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    priority: int = 0  # higher runs first under the `priority` policy
+
+    def __post_init__(self) -> None:
+        _check_int("max_tokens", self.max_tokens, minimum=1)
+        _check_int("top_k", self.top_k, minimum=0)
+        _check_int("priority", self.priority, minimum=None)
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=0)
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+        _check_number("top_p", self.top_p)
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if any(not isinstance(text, str) or not text for text in self.stop):
+            raise InvalidRequestError("stop", "every stop string must be a non-empty string")
+        for token_id in self.stop_token_ids:
+            _check_int("stop_token_ids", token_id, minimum=0)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _check_int(field: str, value: object, minimum: int | None) -> None:
+    # bool is an int subclass; True as a max_tokens is a client bug, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(field, f"must be an integer, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise InvalidRequestError(field, f"must be >= {minimum}, got {value}")
+
+
+def _check_number(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequestError(field, f"must be a number, got {type(value).__name__}")

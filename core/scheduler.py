@@ -1,0 +1,213 @@
+"""Iteration-level scheduling over a paged KV pool (vLLM v1 style), with preemption and swap.
+
+Each request has `num_computed_tokens` and catches up to `num_tokens` (prompt + output so far):
+a prefill is just a request that is far behind, a decode one that is a single token behind, so
+prefill chunks and decodes share every step under one token budget. A step:
+
+1. Running requests, best first, each get their next tokens (one for a decode, a chunk for a
+   prefill). When blocks run out, the worst running request (lowest priority, latest arrival) is
+   preempted: its blocks are swapped to the CPU pool if it has room, else freed for recompute.
+2. Swapped and waiting requests, best first, are admitted while budget, `max_num_seqs` and blocks
+   allow. Under the `priority` policy a request may preempt running requests worse than itself.
+
+The runner copies in this order: swap-out, swap-in, forward. So device blocks released by a
+swap-out can be reused at once (they are read before anything writes them), while swap blocks
+released by a swap-in go back to the swap pool only at the next step (a swap-out earlier in the
+same step's copies would otherwise overwrite them before they are read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.core.block_pool import BlockPool
+from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's plan: only ids and ints, so it can cross into the runner (or a process)."""
+
+    num_scheduled_tokens: dict[str, int]  # request id -> new tokens this step, in run order
+    swap_out: tuple[tuple[int, int], ...]  # (device block, swap block) pairs
+    swap_in: tuple[tuple[int, int], ...]  # (swap block, device block) pairs
+    preempted_ids: tuple[str, ...]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.block_pool = BlockPool(config.num_kv_blocks)
+        self.swap_pool = BlockPool(config.num_swap_blocks)
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self._deferred_swap_frees: list[int] = []
+        self.num_preemptions = 0
+        self.num_swaps_out = 0
+
+    # -- queue management -------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Removes a request from whichever queue holds it and frees everything it owns."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        self.block_pool.free(request.block_ids)
+        self.swap_pool.free(request.swap_block_ids)
+        request.block_ids, request.swap_block_ids = [], []
+        request.status = status
+
+    # -- one step -------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self._release_deferred()
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        self._admit_queued(step)
+        self.running.sort(key=self._rank)
+        return SchedulerOutput(
+            num_scheduled_tokens=step.scheduled,
+            swap_out=tuple(step.swap_out),
+            swap_in=tuple(step.swap_in),
+            preempted_ids=tuple(step.preempted),
+        )
+
+    def _schedule_running(self, step: _Step) -> None:
+        for request in sorted(self.running, key=self._rank):
+            if request.status is not RequestStatus.RUNNING or step.budget == 0:
+                continue  # preempted earlier in this step
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            while not self._grow(request, num_new):
+                victim = self._worst_running()
+                self._preempt(victim, step)
+                if victim is request:
+                    break
+            else:
+                step.schedule(request, num_new)
+
+    def _admit_queued(self, step: _Step) -> None:
+        for request in sorted(self.swapped + self.waiting, key=self._rank):
+            if step.budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                return
+            if request.request_id in step.preempted:
+                return  # memory is short right now: do not take back what was just given up
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            if not self._make_room(request, num_new, step):
+                return  # head-of-line: admitting later ones first would break the order
+            if request.status is RequestStatus.SWAPPED:
+                self._swap_in(request, step)
+                self.swapped.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._grow(request, num_new)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            step.schedule(request, num_new)
+
+    def _make_room(self, request: Request, num_new: int, step: _Step) -> bool:
+        """Whether `request` fits; under `priority` it may preempt worse running requests."""
+        while not self.block_pool.can_allocate(self._blocks_needed(request, num_new)):
+            victim = self._worst_running() if self.running else None
+            if (
+                self.config.policy is not SchedulingPolicy.PRIORITY
+                or victim is None
+                or self._rank(victim) <= self._rank(request)
+            ):
+                return False
+            self._preempt(victim, step)
+        return True
+
+    # -- blocks, preemption, swap ------------------------------------------------------------
+
+    def _blocks_needed(self, request: Request, num_new: int) -> int:
+        """Device blocks to take: for the new tokens, and for swapping its blocks back in."""
+        total = blocks_for(request.num_computed_tokens + num_new, self.config.block_size)
+        return max(total - len(request.block_ids), len(request.swap_block_ids))
+
+    def _grow(self, request: Request, num_new: int) -> bool:
+        """Allocates the blocks `request` needs for `num_new` more tokens, or nothing."""
+        total = blocks_for(request.num_computed_tokens + num_new, self.config.block_size)
+        missing = total - len(request.block_ids)
+        if missing <= 0:
+            return True
+        ids = self.block_pool.allocate(missing)
+        if ids is None:
+            return False
+        request.block_ids.extend(ids)
+        return True
+
+    def _worst_running(self) -> Request:
+        return max(self.running, key=self._rank)
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        self.running.remove(request)
+        step.unschedule(request)
+        step.preempted.append(request.request_id)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        swap_ids = self.swap_pool.allocate(len(request.block_ids))
+        if swap_ids is None:  # swap pool full: recompute from scratch later
+            self.block_pool.free(request.block_ids)
+            request.block_ids = []
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.WAITING
+            self.waiting.append(request)
+            return
+        step.swap_out.extend(zip(request.block_ids, swap_ids, strict=True))
+        self.block_pool.free(request.block_ids)
+        request.block_ids, request.swap_block_ids = [], swap_ids
+        request.status = RequestStatus.SWAPPED
+        self.num_swaps_out += 1
+        self.swapped.append(request)
+
+    def _swap_in(self, request: Request, step: _Step) -> None:
+        device_ids = self.block_pool.allocate(len(request.swap_block_ids))
+        assert device_ids is not None  # _make_room counted these blocks
+        step.swap_in.extend(zip(request.swap_block_ids, device_ids, strict=True))
+        self._deferred_swap_frees.extend(request.swap_block_ids)
+        request.block_ids, request.swap_block_ids = device_ids, []
+
+    def _release_deferred(self) -> None:
+        self.swap_pool.free(self._deferred_swap_frees)
+        self._deferred_swap_frees = []
+
+    def _rank(self, request: Request) -> tuple[int, int]:
+        """Sort key: smaller runs first. The worst request is the max."""
+        if self.config.policy is SchedulingPolicy.PRIORITY:
+            return (-request.params.priority, request.arrival_order)
+        return (0, request.arrival_order)
+
+
+class _Step:
+    """The plan being built for one step."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.scheduled: dict[str, int] = {}
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.preempted: list[str] = []
+
+    def schedule(self, request: Request, num_new: int) -> None:
+        self.scheduled[request.request_id] = num_new
+        self.budget -= num_new
+
+    def unschedule(self, request: Request) -> None:
+        self.budget += self.scheduled.pop(request.request_id, 0)
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)

@@ -1,0 +1,148 @@
+"""Types shared by every KV transfer backend (UCX in production, in-process for engine tests).
+
+A transfer moves the K/V of one prompt from the prefill tier's KV cache into blocks the decode tier
+reserved for it. Decode calls `expect()` first, which hands out a `TransferDescriptor`; that small
+frozen message travels to prefill over gRPC; prefill calls `send(descriptor, ...)`; decode polls
+`poll(request_id)` from its engine loop until DONE (the KV is then in the reserved blocks) or
+FAILED. The token in the descriptor is the only thing that lets bytes land in decode's blocks.
+
+What travels is whole blocks: `len(block_ids) * layout.block_nbytes` bytes, also for a prompt that
+fills its last block only partly. The counters count exactly those bytes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from pdserve.core.kv_cache import KVCache, KVLayout
+
+TOKEN_NBYTES = 16
+
+
+class TransferState(Enum):
+    """What `poll()` answers; PENDING until the bytes are in the reserved blocks."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TransferError(RuntimeError):
+    """A transfer could not complete (peer gone, endpoint error, corrupt message)."""
+
+
+class TransferTimeoutError(TransferError):
+    """The peer did not take the bytes within the configured time."""
+
+
+class LayoutMismatchError(ValueError):
+    """The two tiers disagree on the KV layout; no byte may move (gRPC: FAILED_PRECONDITION)."""
+
+    def __init__(self, expected: KVLayout, got: KVLayout) -> None:
+        super().__init__(f"KV layout mismatch: this worker has {expected}, the request has {got}")
+        self.expected = expected
+        self.got = got
+
+
+@dataclass(frozen=True)
+class TransferDescriptor:
+    """Where prefill must push one prompt's KV (mirrors the proto message decode returns)."""
+
+    request_id: str
+    peer_address: bytes  # decode's UCX worker address (opaque bytes; a hub key for local)
+    block_ids: tuple[int, ...]  # decode-side block ids, in prompt order
+    layout: KVLayout
+    token: bytes  # secrets.token_bytes(16): the only credential that lets bytes land
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes that travel: whole blocks, every layer, K and V."""
+        return len(self.block_ids) * self.layout.block_nbytes
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What a finished `send()` reports."""
+
+    request_id: str
+    nbytes: int
+    seconds: float
+
+
+def transfer_tag(token: bytes) -> int:
+    """The 64-bit UCX tag of a transfer, derived from its token (a guess needs 2**64 tries)."""
+    if len(token) != TOKEN_NBYTES:
+        raise ValueError(f"token: expected {TOKEN_NBYTES} bytes, got {len(token)}")
+    return int.from_bytes(hashlib.blake2b(token, digest_size=8).digest(), "little")
+
+
+def check_layout(own: KVLayout, requested: KVLayout) -> None:
+    if own != requested:
+        raise LayoutMismatchError(expected=own, got=requested)
+
+
+def check_block_ids(name: str, block_ids: tuple[int, ...] | list[int], num_blocks: int) -> None:
+    """Refuses empty, duplicate or out-of-range ids, naming the field."""
+    if not block_ids:
+        raise ValueError(f"{name}: at least one block id is required")
+    if len(set(block_ids)) != len(block_ids):
+        raise ValueError(f"{name}: duplicate block ids in {list(block_ids)}")
+    bad = [b for b in block_ids if not 0 <= b < num_blocks]
+    if bad:
+        raise ValueError(f"{name}: ids {bad} outside [0, {num_blocks})")
+
+
+def check_send_args(descriptor: TransferDescriptor, cache: KVCache, src: list[int], n: int) -> None:
+    """Every check `send()` makes before a byte moves; the layout check comes first."""
+    check_layout(cache.layout, descriptor.layout)
+    check_block_ids("src_block_ids", src, cache.num_blocks)
+    if len(src) != len(descriptor.block_ids):
+        raise ValueError(
+            f"src_block_ids: {len(src)} blocks, but the descriptor reserves "
+            f"{len(descriptor.block_ids)}"
+        )
+    size = descriptor.layout.block_size
+    if not (len(src) - 1) * size < n <= len(src) * size:
+        raise ValueError(f"num_tokens: {n} tokens do not fill {len(src)} blocks of {size}")
+    if len(descriptor.token) != TOKEN_NBYTES:
+        raise ValueError(f"token: expected {TOKEN_NBYTES} bytes, got {len(descriptor.token)}")
+
+
+class KVReceiverLike(Protocol):
+    """Decode side, as the decode engine uses it (UCX or in-process)."""
+
+    bytes_received: int
+    seconds: float
+
+    def address(self) -> bytes: ...
+
+    def expect(
+        self, request_id: str, block_ids: list[int], layout: KVLayout
+    ) -> TransferDescriptor: ...
+
+    def poll(self, request_id: str) -> TransferState: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class KVSenderLike(Protocol):
+    """Prefill side, as the prefill engine uses it (UCX or in-process)."""
+
+    bytes_sent: int
+    seconds: float
+
+    def send(
+        self,
+        descriptor: TransferDescriptor,
+        kv_cache: KVCache,
+        src_block_ids: list[int],
+        num_tokens: int,
+    ) -> concurrent.futures.Future[SendResult]: ...
+
+    def close(self) -> None: ...
