@@ -1,0 +1,183 @@
+{{/*
+The pod spec shared by the three roles; takes (dict "root" $ "role" ROLE).
+Ports and health-service names are the contract's (docs/contract.md): gRPC probes hit the port the
+process binds with --port, readiness asks for the role's service name, liveness for "".
+*/}}
+{{- define "pdserve.args" -}}
+{{- $cfg := index .root.Values .role -}}
+- {{ .role }}
+- --port={{ $cfg.port }}
+- --metrics-port={{ $cfg.metricsPort }}
+- --drain-grace-seconds={{ $cfg.drainGraceSeconds }}
+{{- if eq .role "router" }}
+- --prefill={{ include "pdserve.workerAddress" (dict "root" .root "role" "prefill") }}
+- --decode={{ include "pdserve.workerAddress" (dict "root" .root "role" "decode") }}
+- --resolve-interval-seconds={{ $cfg.resolveIntervalSeconds }}
+{{- with $cfg.maxQueue }}
+- --max-queue={{ . }}
+{{- end }}
+{{- else }}
+- --model={{ .root.Values.model.path }}
+{{- end }}
+{{- range $cfg.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "pdserve.env" -}}
+{{- $cfg := index .root.Values .role -}}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: HOME
+  value: /home/pdserve
+- name: XDG_CACHE_HOME
+  value: /home/pdserve/.cache
+- name: HF_HOME
+  value: /home/pdserve/.cache/huggingface
+- name: TRITON_CACHE_DIR
+  value: /home/pdserve/.cache/triton
+- name: MPLCONFIGDIR
+  value: /tmp/matplotlib
+{{- if ne .role "router" }}
+{{- with .root.Values.ucx }}
+{{- if .tls }}
+- name: UCX_TLS
+  value: {{ .tls | quote }}
+{{- end }}
+{{- if .netDevices }}
+- name: UCX_NET_DEVICES
+  value: {{ .netDevices | quote }}
+{{- end }}
+{{- if .tcpPortRange }}
+- name: UCX_TCP_PORT_RANGE
+  value: {{ .tcpPortRange | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with $cfg.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "pdserve.resources" -}}
+{{- $cfg := index .root.Values .role -}}
+{{- $resources := deepCopy (default dict $cfg.resources) -}}
+{{- if and (hasKey $cfg "gpu") $cfg.gpu.enabled -}}
+{{- $limits := default dict $resources.limits -}}
+{{- $_ := set $limits $cfg.gpu.resourceName $cfg.gpu.count -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- end -}}
+{{- toYaml $resources -}}
+{{- end -}}
+
+{{- define "pdserve.podTemplate" -}}
+{{- $root := .root -}}
+{{- $cfg := index $root.Values .role -}}
+{{- $health := include "pdserve.healthService" .role -}}
+metadata:
+  labels:
+    {{- include "pdserve.componentLabels" . | nindent 4 }}
+    {{- with $cfg.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    {{- if ne .role "router" }}
+    checksum/engine: {{ include "pdserve.engineSettings" . | sha256sum }}
+    {{- end }}
+    {{- if $root.Values.metrics.podAnnotations }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ $cfg.metricsPort | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
+    {{- with $cfg.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "pdserve.serviceAccountName" $root }}
+  automountServiceAccountToken: false
+  # Room for the drain (--drain-grace-seconds) plus the process's own exit.
+  terminationGracePeriodSeconds: {{ add $cfg.drainGraceSeconds 15 }}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
+  containers:
+    - name: {{ .role }}
+      image: {{ include "pdserve.image" $root | quote }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      args:
+        {{- include "pdserve.args" . | nindent 8 }}
+      env:
+        {{- include "pdserve.env" . | nindent 8 }}
+      {{- if ne .role "router" }}
+      envFrom:
+        - configMapRef:
+            name: {{ include "pdserve.componentName" . }}-engine
+      {{- end }}
+      ports:
+        - name: grpc
+          containerPort: {{ $cfg.port }}
+          protocol: TCP
+        - name: metrics
+          containerPort: {{ $cfg.metricsPort }}
+          protocol: TCP
+      startupProbe:
+        grpc:
+          port: {{ $cfg.port }}
+          service: {{ $health }}
+        periodSeconds: {{ $cfg.startupProbe.periodSeconds }}
+        failureThreshold: {{ $cfg.startupProbe.failureThreshold }}
+      readinessProbe:
+        grpc:
+          port: {{ $cfg.port }}
+          service: {{ $health }}
+        periodSeconds: 5
+        failureThreshold: 2
+      livenessProbe:
+        grpc:
+          port: {{ $cfg.port }}
+          service: ""
+        periodSeconds: 10
+        failureThreshold: 3
+      resources:
+        {{- include "pdserve.resources" . | nindent 8 }}
+      securityContext:
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        - name: cache
+          mountPath: /home/pdserve/.cache
+        {{- if and (ne .role "router") $root.Values.model.volume }}
+        - name: model
+          mountPath: {{ $root.Values.model.path }}
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: tmp
+      emptyDir:
+        sizeLimit: {{ $root.Values.scratch.tmpSizeLimit }}
+    - name: cache
+      emptyDir:
+        sizeLimit: {{ $root.Values.scratch.cacheSizeLimit }}
+    {{- if and (ne .role "router") $root.Values.model.volume }}
+    - name: model
+      {{- toYaml $root.Values.model.volume | nindent 6 }}
+    {{- end }}
+  {{- with $cfg.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $cfg.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $cfg.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}

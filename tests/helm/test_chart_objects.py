@@ -1,0 +1,217 @@
+"""What the chart renders: separate tiers, contract ports and probes, DNS wiring, scaling."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+Manifest = dict[str, Any]
+Render = Callable[[dict[str, Any], str, str], list[Manifest]]
+
+RELEASE = "demo"
+NAMESPACE = "ml"
+ROLES = ("router", "prefill", "decode")
+WORKERS = ("prefill", "decode")
+
+
+def name_of(role: str) -> str:
+    return f"{RELEASE}-pdserve-{role}"
+
+
+def one(objects: list[Manifest], kind: str, name: str) -> Manifest:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} named {name}, found {len(found)}"
+    return found[0]
+
+
+def kinds(objects: list[Manifest], kind: str) -> dict[str, Manifest]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def container(objects: list[Manifest], role: str) -> Manifest:
+    pod_spec = one(objects, "Deployment", name_of(role))["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod_spec["containers"]] == [role]
+    found: Manifest = pod_spec["containers"][0]
+    return found
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value of `--name=value` or `--name value`, or None."""
+    for index, arg in enumerate(args):
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+        if arg == name and index + 1 < len(args):
+            return args[index + 1]
+    return None
+
+
+@pytest.fixture()
+def defaults(render: Render) -> list[Manifest]:
+    return render({}, RELEASE, NAMESPACE)
+
+
+def test_prefill_and_decode_are_separate_deployments_hpas_and_pdbs(
+    defaults: list[Manifest],
+) -> None:
+    assert set(kinds(defaults, "Deployment")) == {name_of(role) for role in ROLES}
+    hpas = kinds(defaults, "HorizontalPodAutoscaler")
+    assert set(hpas) == {name_of("prefill"), name_of("decode")}  # router HPA is opt-in
+    for role in WORKERS:
+        assert hpas[name_of(role)]["apiVersion"] == "autoscaling/v2"
+        assert hpas[name_of(role)]["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": name_of(role),
+        }
+        # The HPA owns the replica count: the Deployment must not fight it on every upgrade.
+        assert "replicas" not in one(defaults, "Deployment", name_of(role))["spec"]
+    pdbs = kinds(defaults, "PodDisruptionBudget")
+    for role in ROLES:
+        selector = pdbs[name_of(role)]["spec"]["selector"]["matchLabels"]
+        template = one(defaults, "Deployment", name_of(role))["spec"]["template"]
+        assert selector.items() <= template["metadata"]["labels"].items()
+        assert selector["app.kubernetes.io/component"] == role  # one tier's pods, not all
+
+
+def test_tier_selectors_do_not_overlap(defaults: list[Manifest]) -> None:
+    for role in ROLES:
+        service_selector = one(defaults, "Service", name_of(role))["spec"]["selector"]
+        for other in ROLES:
+            labels = one(defaults, "Deployment", name_of(other))["spec"]["template"]["metadata"]
+            matches = service_selector.items() <= labels["labels"].items()
+            assert matches == (other == role), f"Service {role} selects {other} pods: {matches}"
+
+
+def test_ports_and_probes_follow_the_contract(
+    defaults: list[Manifest], contract: dict[str, Any]
+) -> None:
+    for role in ROLES:
+        row = contract[role]
+        main = container(defaults, role)
+        assert main["args"][0] == row.command[-1]  # `pdserve <role>`: the image's entrypoint
+        assert flag(main["args"], "--port") == str(row.grpc_port)
+        assert flag(main["args"], "--metrics-port") == str(row.metrics_port)
+        ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+        assert ports == {"grpc": row.grpc_port, "metrics": row.metrics_port}
+        for probe, service in (
+            ("startupProbe", row.health_service),
+            ("readinessProbe", row.health_service),
+            ("livenessProbe", ""),
+        ):
+            assert main[probe]["grpc"] == {"port": row.grpc_port, "service": service}, probe
+        startup = main["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # model loading
+        svc_ports = {p["name"]: p for p in one(defaults, "Service", name_of(role))["spec"]["ports"]}
+        assert svc_ports["grpc"]["port"] == row.grpc_port
+        assert svc_ports["metrics"]["port"] == row.metrics_port
+        assert {p["targetPort"] for p in svc_ports.values()} == {"grpc", "metrics"}
+        annotations = one(defaults, "Deployment", name_of(role))["spec"]["template"]["metadata"]
+        assert annotations["annotations"]["prometheus.io/port"] == str(row.metrics_port)
+
+
+def test_router_reaches_workers_through_headless_service_dns(
+    defaults: list[Manifest], contract: dict[str, Any]
+) -> None:
+    args = container(defaults, "router")["args"]
+    for role in WORKERS:
+        service = one(defaults, "Service", name_of(role))
+        assert service["spec"]["clusterIP"] == "None"  # headless: one A record per ready pod
+        assert service["spec"].get("publishNotReadyAddresses", False) is False
+        fqdn = f"{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
+        assert flag(args, f"--{role}") == f"dns:///{fqdn}:{contract[role].grpc_port}"
+    assert one(defaults, "Service", name_of("router"))["spec"]["type"] == "ClusterIP"
+    assert flag(args, "--resolve-interval-seconds") == "5"
+
+
+def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
+    render: Render, contract_worker_flags: frozenset[str]
+) -> None:
+    objects = render(
+        {"engine": {"maxNumSeqs": 32}, "decode": {"engine": {"numSwapBlocks": 512}}},
+        RELEASE,
+        NAMESPACE,
+    )
+    for role in WORKERS:
+        main = container(objects, role)
+        assert flag(main["args"], "--model") == "/models/smollm2-135m-instruct"
+        config_name = main["envFrom"][0]["configMapRef"]["name"]
+        data = one(objects, "ConfigMap", config_name)["data"]
+        for key in data:
+            assert key.startswith("PDSERVE_"), key
+            contract_flag = "--" + key.removeprefix("PDSERVE_").lower().replace("_", "-")
+            assert contract_flag in contract_worker_flags, f"{key}: no {contract_flag} in contract"
+        assert data["PDSERVE_BLOCK_SIZE"] == "16"
+        assert data["PDSERVE_MAX_NUM_SEQS"] == "32"
+        assert ("PDSERVE_NUM_SWAP_BLOCKS" in data) == (role == "decode")
+        env = {e["name"]: e for e in main["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert env["UCX_TLS"]["value"] == "tcp"
+
+
+def test_overrides_scale_gpus_and_monitoring(render: Render) -> None:
+    from_values = {
+        "prefill": {"autoscaling": {"enabled": False}, "replicas": 3, "gpu": {"enabled": True}},
+        "decode": {"autoscaling": {"enabled": False}, "replicas": 5},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "router": {"service": {"type": "LoadBalancer"}},
+    }
+    objects = render(from_values, RELEASE, NAMESPACE)
+    assert kinds(objects, "HorizontalPodAutoscaler") == {}
+    assert one(objects, "Deployment", name_of("prefill"))["spec"]["replicas"] == 3
+    assert one(objects, "Deployment", name_of("decode"))["spec"]["replicas"] == 5
+    assert container(objects, "prefill")["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in container(objects, "decode")["resources"].get("limits", {})
+    prefill_config = one(objects, "ConfigMap", f"{name_of('prefill')}-engine")["data"]
+    assert prefill_config["PDSERVE_DEVICE"] == "cuda"  # a GPU tier runs on the GPU
+    assert "PDSERVE_DEVICE" not in one(objects, "ConfigMap", f"{name_of('decode')}-engine")["data"]
+    monitor = one(objects, "ServiceMonitor", f"{RELEASE}-pdserve")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert one(objects, "Service", name_of("router"))["spec"]["type"] == "LoadBalancer"
+
+
+def test_each_tier_scales_on_its_own_metric(render: Render) -> None:
+    objects = render(
+        {
+            "prefill": {"autoscaling": {"podsMetric": {"enabled": True}, "maxReplicas": 6}},
+            "decode": {"autoscaling": {"podsMetric": {"enabled": True}, "cpu": {"enabled": False}}},
+        },
+        RELEASE,
+        NAMESPACE,
+    )
+    hpas = kinds(objects, "HorizontalPodAutoscaler")
+    prefill, decode = hpas[name_of("prefill")]["spec"], hpas[name_of("decode")]["spec"]
+    assert [m["type"] for m in prefill["metrics"]] == ["Resource", "Pods"]
+    assert prefill["metrics"][1]["pods"]["metric"]["name"] == "pdserve_prefill_queue_depth"
+    assert (prefill["minReplicas"], prefill["maxReplicas"]) == (1, 6)
+    assert [m["type"] for m in decode["metrics"]] == ["Pods"]
+    assert decode["metrics"][0]["pods"]["metric"]["name"] == "pdserve_decode_kv_usage"
+
+
+def test_pods_run_as_non_root_on_a_read_only_root(defaults: list[Manifest]) -> None:
+    for role in ROLES:
+        pod = one(defaults, "Deployment", name_of(role))["spec"]["template"]["spec"]
+        main = container(defaults, role)
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert main["securityContext"]["readOnlyRootFilesystem"] is True
+        assert main["securityContext"]["allowPrivilegeEscalation"] is False
+        empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+        mounts = {m["mountPath"] for m in main["volumeMounts"] if m["name"] in empty_dirs}
+        assert {"/tmp", "/home/pdserve/.cache"} <= mounts
+
+
+def test_helm_test_hook_calls_generate_through_the_router(
+    defaults: list[Manifest], contract: dict[str, Any]
+) -> None:
+    hooks = [o for o in defaults if o["metadata"].get("annotations", {}).get("helm.sh/hook")]
+    assert len(hooks) == 1
+    pod = hooks[0]
+    assert pod["kind"] == "Pod"
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    main = pod["spec"]["containers"][0]
+    assert "pdserve generate --address" in main["args"][0]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    assert env["ROUTER_ADDRESS"] == f"{name_of('router')}:{contract['router'].grpc_port}"
+    assert env["MAX_TOKENS"] == "4"
+    assert main["image"] == container(defaults, "router")["image"]
