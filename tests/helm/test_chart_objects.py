@@ -215,3 +215,34 @@ def test_helm_test_hook_calls_generate_through_the_router(
     assert env["ROUTER_ADDRESS"] == f"{name_of('router')}:{contract['router'].grpc_port}"
     assert env["MAX_TOKENS"] == "4"
     assert main["image"] == container(defaults, "router")["image"]
+
+
+def test_ucx_env_and_model_volume_reach_the_workers_only(render: Render) -> None:
+    objects = render(
+        {
+            "ucx": {"tls": "rc,tcp", "netDevices": "mlx5_0:1", "tcpPortRange": "50100-50200"},
+            "model": {"volume": {"persistentVolumeClaim": {"claimName": "models"}}},
+        },
+        RELEASE,
+        NAMESPACE,
+    )
+    expected_ucx = {
+        "UCX_TLS": "rc,tcp",
+        "UCX_NET_DEVICES": "mlx5_0:1",
+        "UCX_TCP_PORT_RANGE": "50100-50200",
+    }
+    for role in ROLES:
+        main = container(objects, role)
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        ucx = {name: value for name, value in env.items() if name.startswith("UCX_")}
+        assert ucx == (expected_ucx if role in WORKERS else {})
+        pod = one(objects, "Deployment", name_of(role))["spec"]["template"]["spec"]
+        claims = [
+            v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v
+        ]
+        mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+        if role in WORKERS:
+            assert claims == [{"claimName": "models"}]
+            assert mounts["/models/smollm2-135m-instruct"]["readOnly"] is True
+        else:
+            assert claims == [] and "/models/smollm2-135m-instruct" not in mounts
