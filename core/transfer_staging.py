@@ -20,7 +20,7 @@ class Staging:
     """Raw bytes `[payload | token]`; `payload` is a typed view shaped like `KVCache.gather`."""
 
     def __init__(self, layout: KVLayout, num_blocks: int) -> None:
-        self.payload_nbytes = num_blocks * layout.block_nbytes
+        self.payload_nbytes: int = num_blocks * int(layout.block_nbytes)
         self.raw = torch.empty(self.payload_nbytes + TOKEN_NBYTES, dtype=torch.uint8)
         self.raw[self.payload_nbytes :] = 0  # an incomplete message leaves this empty
         shape = (

@@ -61,7 +61,7 @@ class TransferDescriptor:
     @property
     def nbytes(self) -> int:
         """Bytes that travel: whole blocks, every layer, K and V."""
-        return len(self.block_ids) * self.layout.block_nbytes
+        return len(self.block_ids) * int(self.layout.block_nbytes)
 
 
 @dataclass(frozen=True)

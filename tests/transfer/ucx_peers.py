@@ -1,0 +1,148 @@
+"""A prefill peer and a decode peer in their own processes, driven over a pipe by the tests.
+
+Each peer sets the UCX environment before anything imports ucxx, builds a real KVCache and a real
+KVSender / KVReceiver, sends its UCX worker address (decode) up the pipe, then answers commands
+`(name, args)` with `("ok", value)` or `("error", exception class name, message)`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pdserve.core.kv_cache import KVLayout
+
+POLL_INTERVAL_S = 0.001
+# 4 layers x 3 heads x 64 dims x 16 tokens x float32: 96 KiB a block, above UCX's rendezvous
+# threshold like the real model's blocks (720 KiB), so the zero-copy path is the one tested.
+LAYOUT = KVLayout(num_layers=4, num_kv_heads=3, head_dim=64, block_size=16, dtype="float32")
+NUM_BLOCKS = 12
+SEND_TIMEOUT_S = 2.0
+STARTUP_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 20.0
+TRANSPORTS = {"sm": "sm,self", "tcp": "tcp"}
+
+
+class PeerError(Exception):
+    """An exception raised inside a peer process, by class name."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+class Peer:
+    """One peer process and the pipe that drives it; `stop()` always reaps the process."""
+
+    def __init__(self, role: str, tls: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        env = {
+            "UCX_TLS": tls,
+            "UCX_NET_DEVICES": "lo",
+            "UCXPY_ENABLE_PYTHON_FUTURE": "1",
+            "UCX_WARN_UNUSED_ENV_VARS": "n",
+        }
+        args = (child, role, env, LAYOUT, NUM_BLOCKS, SEND_TIMEOUT_S)
+        self.process = context.Process(target=run_peer, args=args, daemon=True)
+        self.process.start()
+        child.close()
+        self.address: bytes = self._receive(STARTUP_TIMEOUT_S)
+
+    def call(self, name: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        self._conn.send((name, args))
+        reply = self._receive(timeout_s)
+        if reply[0] == "error":
+            raise PeerError(reply[1], reply[2])
+        return reply[1]
+
+    def stop(self) -> None:
+        try:
+            if self.process.is_alive():
+                self.call("stop", timeout_s=10.0)
+        except (OSError, EOFError, TimeoutError):
+            pass
+        self.process.join(timeout=10.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5.0)
+        self._conn.close()
+
+    def _receive(self, timeout_s: float) -> Any:
+        if not self._conn.poll(timeout_s):
+            raise TimeoutError(f"peer {self.process.pid} gave no answer within {timeout_s} s")
+        return self._conn.recv()
+
+
+def run_peer(
+    conn: Connection,
+    role: str,
+    env: dict[str, str],
+    layout: KVLayout,
+    num_blocks: int,
+    send_timeout_s: float,
+) -> None:
+    os.environ.update(env)
+    import torch
+
+    from pdserve.core.kv_cache import KVCache
+    from pdserve.core.transfer_ucx import KVReceiver, KVSender
+    from pdserve.core.transfer_ucx_runtime import UcxConfig
+
+    cache = KVCache(layout, num_blocks, "cpu")
+    generator = torch.Generator().manual_seed(1 if role == "prefill" else 2)
+    cache.tensor.copy_(torch.randn(cache.tensor.shape, generator=generator))
+    config = UcxConfig(send_timeout_s=send_timeout_s)
+    peer: KVReceiver | KVSender = (
+        KVReceiver(cache, config) if role == "decode" else KVSender(config)
+    )
+    conn.send(peer.address() if isinstance(peer, KVReceiver) else b"")
+    try:
+        _serve(conn, peer, cache)
+    finally:
+        peer.close()
+        conn.close()
+
+
+def _serve(conn: Connection, peer: Any, cache: Any) -> None:
+    while True:
+        name, args = conn.recv()
+        if name == "stop":
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", _COMMANDS[name](peer, cache, *args)))
+        except Exception as error:
+            conn.send(("error", type(error).__name__, str(error)))
+
+
+def _wait(peer: Any, cache: Any, request_id: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = peer.poll(request_id)
+    while state.value == "pending" and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL_S)
+        state = peer.poll(request_id)
+    return str(state.value)
+
+
+def _send(peer: Any, cache: Any, descriptor: Any, src: list[int], num_tokens: int) -> Any:
+    return peer.send(descriptor, cache, src, num_tokens).result()
+
+
+_COMMANDS: dict[str, Any] = {
+    "expect": lambda peer, cache, *a: peer.expect(*a),
+    "poll": lambda peer, cache, rid: peer.poll(rid).value,
+    "wait": _wait,
+    "cancel": lambda peer, cache, rid: peer.cancel(rid),
+    "tracked": lambda peer, cache: peer.num_tracked,
+    "send": _send,
+    "cache": lambda peer, cache: cache.tensor.clone(),
+    "counters": lambda peer, cache: (
+        getattr(peer, "bytes_received", getattr(peer, "bytes_sent", 0)),
+        peer.seconds,
+    ),
+}
