@@ -1,0 +1,130 @@
+"""The in-process backend and the checks every backend shares (no UCX, no processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+
+import pytest
+import torch
+
+from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.transfer_local import LocalKVReceiver, LocalKVSender, LocalTransferHub
+from pdserve.core.transfer_types import (
+    KVReceiverLike,
+    KVSenderLike,
+    LayoutMismatchError,
+    TransferError,
+    TransferState,
+    transfer_tag,
+)
+
+LAYOUT = KVLayout(num_layers=2, num_kv_heads=3, head_dim=8, block_size=4, dtype="bfloat16")
+SRC, DST = [3, 7, 1], [10, 2, 5]
+Pair = tuple[LocalKVSender, LocalKVReceiver, KVCache, KVCache]
+
+
+@pytest.fixture
+def pair() -> Pair:
+    hub = LocalTransferHub()
+    source, target = KVCache(LAYOUT, 12, "cpu"), KVCache(LAYOUT, 12, "cpu")
+    source.tensor.copy_(
+        torch.randn(source.tensor.shape, generator=torch.Generator().manual_seed(0))
+    )
+    return LocalKVSender(hub), LocalKVReceiver(hub, target), source, target
+
+
+def test_blocks_land_exactly_and_counters_count_whole_blocks(pair: Pair) -> None:
+    sender, receiver, source, target = pair
+    descriptor = receiver.expect("r", DST, LAYOUT)
+    assert receiver.poll("r") is TransferState.PENDING
+    result = sender.send(descriptor, source, SRC, num_tokens=9).result()
+    assert receiver.poll("r") is TransferState.DONE
+    assert torch.equal(target.tensor[:, :, DST], source.tensor[:, :, SRC])
+    others = [b for b in range(12) if b not in DST]
+    assert not target.tensor[:, :, others].any()
+    assert result.nbytes == sender.bytes_sent == receiver.bytes_received == 3 * LAYOUT.block_nbytes
+    receiver.cancel("r")
+    assert receiver.num_tracked == 0
+
+
+def test_layout_mismatch_names_both_layouts(pair: Pair) -> None:
+    sender, receiver, source, _ = pair
+    other = dataclasses.replace(LAYOUT, num_layers=3)
+    with pytest.raises(LayoutMismatchError, match="num_layers=3") as refused:
+        receiver.expect("r", DST, other)
+    assert refused.value.expected == LAYOUT and refused.value.got == other
+    descriptor = dataclasses.replace(receiver.expect("r", DST, LAYOUT), layout=other)
+    with pytest.raises(LayoutMismatchError, match="num_layers=2"):
+        sender.send(descriptor, source, SRC, 9)
+
+
+@pytest.mark.parametrize(
+    ("src", "num_tokens", "field"),
+    [
+        ([3, 7], 8, "src_block_ids"),
+        ([3, 3, 1], 9, "src_block_ids"),
+        ([3, 7, 99], 9, "src_block_ids"),
+        (SRC, 8, "num_tokens"),
+        (SRC, 13, "num_tokens"),
+    ],
+)
+def test_bad_send_arguments_name_the_field(
+    pair: Pair, src: list[int], num_tokens: int, field: str
+) -> None:
+    sender, receiver, source, _ = pair
+    descriptor = receiver.expect("r", DST, LAYOUT)
+    with pytest.raises(ValueError, match=field):
+        sender.send(descriptor, source, src, num_tokens)
+    assert receiver.poll("r") is TransferState.PENDING
+
+
+@pytest.mark.parametrize("block_ids", [[], [1, 1], [-1], [12]])
+def test_bad_reservations_name_the_field(pair: Pair, block_ids: list[int]) -> None:
+    _, receiver, _, _ = pair
+    with pytest.raises(ValueError, match="block_ids"):
+        receiver.expect("r", block_ids, LAYOUT)
+
+
+def test_request_expected_twice_is_refused(pair: Pair) -> None:
+    _, receiver, _, _ = pair
+    receiver.expect("r", DST, LAYOUT)
+    with pytest.raises(ValueError, match="request_id"):
+        receiver.expect("r", [0], LAYOUT)
+
+
+def test_wrong_token_and_late_messages_never_land(pair: Pair) -> None:
+    sender, receiver, source, target = pair
+    descriptor = receiver.expect("r", DST, LAYOUT)
+    sender.send(dataclasses.replace(descriptor, token=secrets.token_bytes(16)), source, SRC, 9)
+    assert receiver.poll("r") is TransferState.PENDING
+    receiver.cancel("r")
+    sender.send(descriptor, source, SRC, 9)
+    assert not target.tensor.any()
+    with pytest.raises(KeyError, match="'r'"):
+        receiver.poll("r")
+
+
+def test_unreachable_peer_fails_the_future(pair: Pair) -> None:
+    _, _, source, _ = pair
+    hub = LocalTransferHub()
+    broken = LocalKVReceiver(hub, KVCache(LAYOUT, 12, "cpu"))
+    hub.break_peer(broken.address())
+    descriptor = broken.expect("r", DST, LAYOUT)
+    with pytest.raises(TransferError, match="peer_address"):
+        LocalKVSender(hub).send(descriptor, source, SRC, 9).result()
+
+
+def test_tags_come_from_the_whole_token() -> None:
+    token = secrets.token_bytes(16)
+    assert transfer_tag(token) == transfer_tag(bytes(token))
+    assert transfer_tag(token) != transfer_tag(token[:15] + bytes([token[15] ^ 1]))
+    with pytest.raises(ValueError, match="token"):
+        transfer_tag(b"short")
+
+
+def test_local_backend_matches_the_engine_facing_protocols() -> None:
+    hub = LocalTransferHub()
+    receiver: KVReceiverLike = LocalKVReceiver(hub, KVCache(LAYOUT, 2, "cpu"))
+    sender: KVSenderLike = LocalKVSender(hub)
+    assert receiver.bytes_received == sender.bytes_sent == 0
