@@ -39,7 +39,12 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model_dir: Path, config: EngineConfig) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        config: EngineConfig,
+        scheduler_class: type[Scheduler] = Scheduler,
+    ) -> None:
         self.config = config
         self.model_config: ModelConfig = load_model_config(model_dir)
         self.tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
@@ -59,7 +64,7 @@ class LLMEngine:
         if swap is not None and device.type == "cuda":
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
-        self.scheduler = Scheduler(config)
+        self.scheduler = scheduler_class(config)
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()

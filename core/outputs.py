@@ -48,4 +48,3 @@ class CompletionOutput:
     token_ids: tuple[int, ...]
     text: str
     finish_reason: FinishReason
-    num_preemptions: int

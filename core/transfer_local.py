@@ -134,6 +134,7 @@ class LocalKVSender:
         started = time.perf_counter()
         staging = Staging(descriptor.layout, len(src_block_ids))
         staging.gather_from(kv_cache, list(src_block_ids), descriptor.token)
+        gathered = time.perf_counter()
         future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
         try:
             self._hub.deliver(descriptor, staging)

@@ -70,7 +70,8 @@ class SendResult:
 
     request_id: str
     nbytes: int
-    seconds: float
+    seconds: float  # send() called -> receiver took the bytes
+    gather_seconds: float  # of which: copying the blocks into the staging buffer
 
 
 def transfer_tag(token: bytes) -> int:

@@ -190,6 +190,7 @@ class KVSender:
         started = time.perf_counter()
         staging = Staging(descriptor.layout, len(src_block_ids))
         staging.gather_from(kv_cache, list(src_block_ids), descriptor.token)
+        gathered = time.perf_counter()
         future: concurrent.futures.Future[SendResult] = self._runtime.submit(
             self._push(descriptor, staging, started)
         )

@@ -1,0 +1,26 @@
+"""The static-batching baseline the seeds compare against, over the same runner.
+
+FCFS batches of `max_num_seqs`: a batch is admitted whole (prompts in one step, no chunking) and
+no request joins until every request of the batch has finished, so slots of early finishers sit
+idle. That idleness is exactly what continuous batching removes.
+"""
+
+from __future__ import annotations
+
+from pdserve.core.request import RequestStatus
+from pdserve.core.scheduler import Scheduler, _Step
+
+
+class StaticScheduler(Scheduler):
+    def _admit_queued(self, step: _Step) -> None:
+        if self.running:
+            return
+        step.budget = 1 << 62  # a static batch prefills its whole prompts together
+        for request in self.waiting[: self.config.max_num_seqs]:
+            num_new = request.num_tokens - request.num_computed_tokens
+            if not self._grow(request, num_new):
+                break
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            step.schedule(request, num_new)
+        self.waiting = self.waiting[len(self.running) :]

@@ -1,0 +1,61 @@
+"""Greedy output is the oracle: every scheduling path must give transformers' tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdserve.core.config import EngineConfig
+from pdserve.core.llm import LLM
+from pdserve.core.sampling_params import SamplingParams
+
+from .conftest import MAX_NEW_TOKENS
+
+GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
+
+SCENARIOS = {
+    "roomy": EngineConfig(num_kv_blocks=256),
+    # Too few blocks for all eight at once: running requests get swapped out to the CPU pool.
+    "swap": EngineConfig(num_kv_blocks=40, num_swap_blocks=128),
+    # Same pressure without swap space: preempted requests are recomputed from scratch.
+    "recompute": EngineConfig(num_kv_blocks=40, num_swap_blocks=0),
+    # A 64-token budget forces long prompts to be prefilled in chunks across steps.
+    "chunked": EngineConfig(num_kv_blocks=256, max_num_batched_tokens=64),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_greedy_equals_transformers(
+    scenario: str, model_dir: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    config = SCENARIOS[scenario]
+    llm = LLM(model_dir, **vars(config))
+    outputs = llm.generate(prompts, GREEDY)
+
+    assert [list(out.token_ids) for out in outputs] == hf_greedy
+    scheduler = llm.engine.scheduler
+    if scenario == "swap":
+        assert scheduler.num_swaps_out > 0
+    if scenario == "recompute":
+        assert scheduler.num_preemptions > 0 and scheduler.num_swaps_out == 0
+    assert_engine_empty(llm)
+
+
+def test_text_is_the_decoded_tokens(
+    model_dir: Path, prompts: list[list[int]], tokenizer: Any
+) -> None:
+    llm = LLM(model_dir, num_kv_blocks=128)
+    for out in llm.generate(prompts[:3], GREEDY):
+        assert out.text == tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
+
+
+def assert_engine_empty(llm: LLM) -> None:
+    """Nothing leaked: every block free, swap pool empty, no request left in any queue."""
+    engine = llm.engine
+    stats = engine.stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.num_free_swap_blocks == engine.config.num_swap_blocks
+    assert (stats.num_waiting, stats.num_running, stats.num_swapped) == (0, 0, 0)
+    assert not engine.requests
