@@ -1,0 +1,85 @@
+"""Flags shared by the service entry points, each also read from env `PDSERVE_<FLAG>`.
+
+This is the one place that reads pdserve's environment: everything below receives frozen configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.kv_cache import DTYPES
+from pdserve.core.serving import ServerConfig
+
+ENV_PREFIX = "PDSERVE_"
+
+
+def env_name(flag: str) -> str:
+    """`--num-kv-blocks` -> `PDSERVE_NUM_KV_BLOCKS`."""
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    kind: Callable[[str], object],
+    default: object,
+    help_text: str,
+    **extra: object,
+) -> None:
+    """A flag whose default comes from its env variable when set (flag > env > default)."""
+    raw = os.environ.get(env_name(flag))
+    value = kind(raw) if raw is not None else default
+    parser.add_argument(
+        flag, type=kind, default=value, help=f"{help_text} (env {env_name(flag)})", **extra
+    )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    defaults = EngineConfig()
+    for field in fields(EngineConfig):
+        flag = "--" + field.name.replace("_", "-")
+        default = getattr(defaults, field.name)
+        if field.name == "policy":
+            add_flag(
+                group, flag, str, default.value, "scheduling policy", choices=["fcfs", "priority"]
+            )
+        elif field.name == "dtype":
+            add_flag(group, flag, str, default, "model and KV dtype", choices=sorted(DTYPES))
+        elif field.name == "device":
+            add_flag(group, flag, str, default, "torch device (cpu, cuda, cuda:1)")
+        else:
+            add_flag(group, flag, int, default, field.name.replace("_", " "))
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    values = {field.name: getattr(args, field.name) for field in fields(EngineConfig)}
+    values["policy"] = SchedulingPolicy(values["policy"])
+    return EngineConfig(**values)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    add_flag(parser, "--model", str, None, "local HF model folder (default: the embedded SmolLM2)")
+    add_flag(parser, "--model-cache", Path, None, "where the default model is prepared")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
+    group = parser.add_argument_group("server")
+    add_flag(group, "--host", str, "0.0.0.0", "address to bind")
+    add_flag(group, "--port", int, port, "gRPC port")
+    add_flag(group, "--metrics-port", int, metrics_port, "Prometheus /metrics HTTP port")
+    add_flag(group, "--drain-grace-seconds", float, 30.0, "time in-flight work gets on SIGTERM")
+
+
+def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        drain_grace_seconds=args.drain_grace_seconds,
+    )
