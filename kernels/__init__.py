@@ -1,4 +1,9 @@
-"""Kernel ops, one dispatching entry per op (see docs/kernels.md for the dispatch rules)."""
+"""Kernel ops, one dispatching entry per op (see docs/kernels.md for the dispatch rules).
+
+Which implementation runs is decided by `_backend.use_triton(device)`: Triton on CUDA tensors,
+Triton's interpreter on CPU tensors only when TRITON_INTERPRET=1 (tests), torch otherwise. The
+Triton modules are imported on first use, so CPU serving never imports triton.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import torch_attention, torch_kv
+from . import _backend, torch_attention, torch_kv
 
 __all__ = ["copy_blocks", "paged_attention_decode", "paged_attention_prefill", "write_kv"]
 
@@ -21,6 +26,12 @@ def paged_attention_decode(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged K/V: `[num_seqs, heads, dim]` in q's dtype."""
+    if _backend.use_triton(q.device):
+        from . import triton_decode
+
+        return triton_decode.decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
+        )
     return torch_attention.decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
     )
@@ -37,6 +48,12 @@ def paged_attention_prefill(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed query chunks (the last tokens of each sequence) over paged K/V."""
+    if _backend.use_triton(q.device):
+        from . import triton_prefill
+
+        return triton_prefill.prefill_attention(
+            q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, sliding_window
+        )
     return torch_attention.prefill_attention(
         q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, sliding_window
     )
@@ -50,6 +67,11 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Stores each token's K/V into its slot (block_id * block_size + offset), in place."""
+    if _backend.use_triton(k.device):
+        from . import triton_kv
+
+        triton_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
     torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
@@ -63,6 +85,12 @@ def copy_blocks(
     """`dst[.., dst_ids, ..] = src[.., src_ids, ..]` along block dim `dim`; devices may differ."""
     src_index = _as_index(src_ids, src.device)
     dst_index = _as_index(dst_ids, dst.device)
+    same_device_pools = src.device == dst.device and src.is_contiguous() and dst.is_contiguous()
+    if same_device_pools and _backend.use_triton(src.device):
+        from . import triton_kv
+
+        triton_kv.copy_blocks(src, dst, src_index, dst_index, dim)
+        return
     torch_kv.copy_blocks(src, dst, src_index, dst_index, dim)
 
 

@@ -1,10 +1,14 @@
-"""Random paged-attention inputs with blocks scattered over the pool: for tests and benchmarks."""
+"""Random paged-attention inputs with blocks scattered over the pool, and the checks against the
+reference: shared by the tests (torch, interpreter, GPU) and the benchmark."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .reference import reference_decode, reference_prefill
 
 
 @dataclass(frozen=True)
@@ -83,3 +87,47 @@ def make_paged_case(
         query_start_loc,
         heads.head_dim**-0.5,
     )
+
+
+# (atol, rtol) of any implementation against the fp32 reference computed from the same rounded
+# inputs. fp32 differs only by summation order; fp16/bf16 are dominated by rounding the output to
+# 11 / 8 mantissa bits (Triton's interpreter truncates bf16 stores, up to 2^-7 relative).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1e-2, 1.6e-2),
+}
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    if actual.dtype != dtype:
+        raise AssertionError(f"output dtype {actual.dtype}, expected {dtype}")
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(actual.float().cpu(), expected, atol=atol, rtol=rtol)
+
+
+def check_decode(
+    decode: Callable[..., torch.Tensor], case: PagedAttentionCase, window: int | None
+) -> None:
+    """Runs `decode` on the case and asserts it matches the reference within TOLERANCES."""
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale)
+    out = decode(*args, sliding_window=window)
+    if out.shape != case.q.shape:
+        raise AssertionError(f"decode output shape {tuple(out.shape)}")
+    assert_matches(out, reference_decode(*args, sliding_window=window), case.q.dtype)
+
+
+def check_prefill(
+    prefill: Callable[..., torch.Tensor], case: PagedAttentionCase, window: int | None
+) -> None:
+    """Runs `prefill` on the case and asserts it matches the reference within TOLERANCES."""
+    if case.query_start_loc is None:
+        raise ValueError("case: a prefill case needs query_start_loc (build it with query_lens)")
+    args = (
+        case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
+        case.context_lens, case.scale,
+    )  # fmt: skip
+    out = prefill(*args, sliding_window=window)
+    if out.shape != case.q.shape:
+        raise AssertionError(f"prefill output shape {tuple(out.shape)}")
+    assert_matches(out, reference_prefill(*args, sliding_window=window), case.q.dtype)

@@ -85,3 +85,14 @@ def test_copy_blocks_rejects() -> None:
         copy_blocks(pool, pool, [0, 1], [1])
     with pytest.raises(ValueError, match=r"^dim"):
         copy_blocks(pool, pool, [0], [1], dim=3)
+
+
+def test_triton_launchers_refuse_cpu_tensors_outside_the_interpreter() -> None:
+    pytest.importorskip("triton")
+    from pdserve.kernels import _backend, triton_decode
+
+    if _backend.TRITON_INTERPRET:
+        pytest.skip("this session runs Triton's interpreter")
+    args = (CASE.q[:2], CASE.k_cache, CASE.v_cache, CASE.block_tables, CASE.context_lens)
+    with pytest.raises(ValueError, match=r"^q: the Triton kernels need a CUDA tensor"):
+        triton_decode.decode_attention(*args, CASE.scale)

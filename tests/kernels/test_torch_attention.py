@@ -8,42 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdserve.kernels import paged_attention_decode, paged_attention_prefill
-from pdserve.kernels.cases import HeadConfig, PagedAttentionCase, make_paged_case
-from pdserve.kernels.reference import reference_decode, reference_prefill
+from pdserve.kernels.cases import (
+    TOLERANCES,
+    HeadConfig,
+    check_decode,
+    check_prefill,
+    make_paged_case,
+)
 
-# (atol, rtol) against the fp32 reference computed from the same (rounded) inputs: fp32 is exact
-# up to summation order; fp16/bf16 are dominated by rounding the output to 11 / 8 mantissa bits.
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-4),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1e-2, 1.6e-2),
-}
 HEAD_PAIRS = [(4, 4), (8, 2), (12, 4), (9, 3)]
 DTYPES = list(TOLERANCES)
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    assert actual.dtype == dtype
-    atol, rtol = TOLERANCES[dtype]
-    torch.testing.assert_close(actual.float(), expected, atol=atol, rtol=rtol)
-
-
-def run_decode(case: PagedAttentionCase, window: int | None) -> None:
-    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale)
-    out = paged_attention_decode(*args, sliding_window=window)
-    assert out.shape == case.q.shape
-    assert_close(out, reference_decode(*args, sliding_window=window), case.q.dtype)
-
-
-def run_prefill(case: PagedAttentionCase, window: int | None) -> None:
-    assert case.query_start_loc is not None
-    args = (
-        case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
-        case.context_lens, case.scale,
-    )  # fmt: skip
-    out = paged_attention_prefill(*args, sliding_window=window)
-    assert out.shape == case.q.shape
-    assert_close(out, reference_prefill(*args, sliding_window=window), case.q.dtype)
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
@@ -51,7 +25,7 @@ def run_prefill(case: PagedAttentionCase, window: int | None) -> None:
 def test_decode_at_block_edges(block_size: int, head_dim: int) -> None:
     edges = [1, block_size - 1, block_size, block_size + 1, 2 * block_size, 300]
     case = make_paged_case(edges, HeadConfig(8, 2, head_dim, block_size))
-    run_decode(case, None)
+    check_decode(paged_attention_decode, case, None)
 
 
 lengths = st.lists(st.integers(1, 300), min_size=1, max_size=5)
@@ -78,7 +52,7 @@ def test_decode_matches_reference(
     seed: int,
 ) -> None:
     case = make_paged_case(lens, HeadConfig(*heads, head_dim, block_size), dtype, seed=seed)
-    run_decode(case, window)
+    check_decode(paged_attention_decode, case, window)
 
 
 @st.composite
@@ -111,7 +85,7 @@ def test_prefill_matches_reference(
     contexts, queries = lens
     config = HeadConfig(*heads, head_dim, block_size)
     case = make_paged_case(contexts, config, dtype, query_lens=queries, seed=seed)
-    run_prefill(case, window)
+    check_prefill(paged_attention_prefill, case, window)
 
 
 def test_decode_equals_last_row_of_prefill() -> None:
