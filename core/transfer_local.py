@@ -144,7 +144,9 @@ class LocalKVSender:
         seconds = time.perf_counter() - started
         self.bytes_sent += staging.payload_nbytes
         self.seconds += seconds
-        future.set_result(SendResult(descriptor.request_id, staging.payload_nbytes, seconds))
+        future.set_result(
+            SendResult(descriptor.request_id, staging.payload_nbytes, seconds, gathered - started)
+        )
         return future
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ import ucxx._lib.libucxx as ucx_api
 from ucxx._lib.arr import Array
 
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.transfer_staging import Staging
+from pdserve.core.transfer_staging import Staging, StagingPool
 from pdserve.core.transfer_types import (
     TOKEN_NBYTES,
     SendResult,
@@ -53,30 +53,38 @@ from pdserve.core.transfer_ucx_runtime import UcxConfig, UcxRuntime
 
 CLOSE_PERIOD_NS = 10**9
 CANCEL_TIMEOUT_S = 5.0
+CANCEL_POLL_S = 0.0005
 
 
 @dataclass
 class _Incoming:
     descriptor: TransferDescriptor
     staging: Staging | None
-    arrival: concurrent.futures.Future[None]
+    request: ucx_api.UCXRequest  # the posted tag receive; `completed` is read without blocking
     started: float
     state: TransferState = TransferState.PENDING
     error: str = ""
 
 
 class KVReceiver:
-    """Decode side: hands out descriptors and lands the bytes in the reserved blocks."""
+    """Decode side: hands out descriptors and lands the bytes in the reserved blocks.
+
+    Receives are posted from the caller's thread and their completion is read straight from the
+    UCX request in `poll()`, so no thread hand-off sits between the bytes arriving and DONE.
+    """
 
     def __init__(self, kv_cache: KVCache, config: UcxConfig) -> None:
         self.cache = kv_cache
         self.bytes_received = 0  # whole blocks landed, K and V of every layer
         self.seconds = 0.0  # summed expect() -> DONE time of finished transfers
         self._runtime = UcxRuntime(config)
+        self._pool = StagingPool(config.staging_pool_bytes)
         self._address: bytes = self._runtime.worker_address
         self._lock = threading.Lock()
         self._incoming: dict[str, _Incoming] = {}
-        self._self_endpoint = self._runtime.call(self._connect_to_self())
+        self._self_endpoint = ucx_api.UCXEndpoint.create_from_worker_address(
+            self._runtime.worker, self._runtime.worker.address, config.endpoint_error_handling
+        )
 
     def address(self) -> bytes:
         return self._address
@@ -93,13 +101,15 @@ class KVReceiver:
         check_block_ids("block_ids", ids, self.cache.num_blocks)
         token = secrets.token_bytes(TOKEN_NBYTES)
         descriptor = TransferDescriptor(request_id, self.address(), ids, layout, token)
-        staging = Staging(layout, len(ids))
         with self._lock:
             if request_id in self._incoming:
                 raise ValueError(f"request_id: {request_id!r} is already expected")
-            arrival = self._runtime.submit(self._receive(staging, transfer_tag(token)))
+            staging = self._pool.acquire(layout, len(ids))
+            request = self._runtime.worker.tag_recv(
+                Array(staging.raw.numpy()), ucx_api.UCXXTag(transfer_tag(token))
+            )
             self._incoming[request_id] = _Incoming(
-                descriptor, staging, arrival, time.perf_counter()
+                descriptor, staging, request, time.perf_counter()
             )
         return descriptor
 
@@ -107,7 +117,7 @@ class KVReceiver:
         """PENDING, DONE (KV is in the reserved blocks) or FAILED; never blocks on the network."""
         with self._lock:
             entry = self._entry(request_id)
-            if entry.state is TransferState.PENDING and entry.arrival.done():
+            if entry.state is TransferState.PENDING and entry.request.completed:
                 self._land(entry)
             return entry.state
 
@@ -121,11 +131,15 @@ class KVReceiver:
         ourselves) before this returns, so no later message can match it."""
         with self._lock:
             entry = self._incoming.pop(request_id, None)
-        if entry is None or entry.arrival.done():
+        if entry is None or entry.staging is None:
             return
-        tag = transfer_tag(entry.descriptor.token)
-        self._runtime.submit(self._send_to_self(tag))
-        concurrent.futures.wait([entry.arrival], timeout=CANCEL_TIMEOUT_S)
+        tag = ucx_api.UCXXTag(transfer_tag(entry.descriptor.token))
+        pill = self._self_endpoint.tag_send(Array(np.zeros(1, dtype=np.uint8)), tag)
+        deadline = time.monotonic() + CANCEL_TIMEOUT_S
+        while not (entry.request.completed and pill.completed) and time.monotonic() < deadline:
+            time.sleep(CANCEL_POLL_S)
+        if entry.request.completed:
+            self._pool.release(entry.staging)  # else UCX may still write it: let it go
 
     def close(self) -> None:
         for request_id in list(self._incoming):
@@ -141,31 +155,20 @@ class KVReceiver:
 
     def _land(self, entry: _Incoming) -> None:
         staging, entry.staging = entry.staging, None
-        error = entry.arrival.exception()
-        if error is not None or staging is None:
+        assert staging is not None  # only a PENDING entry lands, and it holds its staging
+        try:
+            entry.request.check_error()
+        except ucx_api.UCXError as error:
             entry.state, entry.error = TransferState.FAILED, f"receive failed: {error!r}"
-        elif not staging.carries(entry.descriptor.token):
-            entry.state, entry.error = TransferState.FAILED, "message without the transfer token"
         else:
-            staging.scatter_into(self.cache, list(entry.descriptor.block_ids))
-            entry.state = TransferState.DONE
-            self.bytes_received += staging.payload_nbytes
-            self.seconds += time.perf_counter() - entry.started
-
-    async def _receive(self, staging: Staging, tag: int) -> None:
-        request = self._runtime.worker.tag_recv(Array(staging.raw.numpy()), ucx_api.UCXXTag(tag))
-        await request.wait()
-
-    async def _connect_to_self(self) -> ucx_api.UCXEndpoint:
-        return ucx_api.UCXEndpoint.create_from_worker_address(
-            self._runtime.worker,
-            self._runtime.worker.address,
-            self._runtime.config.endpoint_error_handling,
-        )
-
-    async def _send_to_self(self, tag: int) -> None:
-        pill = np.zeros(1, dtype=np.uint8)
-        await self._self_endpoint.tag_send(Array(pill), ucx_api.UCXXTag(tag)).wait()
+            if staging.carries(entry.descriptor.token):
+                staging.scatter_into(self.cache, list(entry.descriptor.block_ids))
+                entry.state = TransferState.DONE
+                self.bytes_received += staging.payload_nbytes
+                self.seconds += time.perf_counter() - entry.started
+            else:
+                entry.state, entry.error = TransferState.FAILED, "message without the token"
+        self._pool.release(staging)
 
 
 class KVSender:
@@ -175,6 +178,7 @@ class KVSender:
         self.bytes_sent = 0  # whole blocks delivered, K and V of every layer
         self.seconds = 0.0  # summed send() -> delivered time (gather + wire)
         self._runtime = UcxRuntime(config)
+        self._pool = StagingPool(config.staging_pool_bytes)
         self._lock = threading.Lock()
         self._endpoints: dict[bytes, ucx_api.UCXEndpoint] = {}
 
@@ -185,61 +189,85 @@ class KVSender:
         src_block_ids: list[int],
         num_tokens: int,
     ) -> concurrent.futures.Future[SendResult]:
-        """Checks, gathers (the source blocks are free to reuse on return), then ships."""
+        """Checks, gathers and posts the send on the caller's thread (the source blocks are free to
+        reuse on return); the future completes on the UCX loop thread."""
         check_send_args(descriptor, kv_cache, src_block_ids, num_tokens)
         started = time.perf_counter()
-        staging = Staging(descriptor.layout, len(src_block_ids))
+        staging = self._pool.acquire(descriptor.layout, len(src_block_ids))
         staging.gather_from(kv_cache, list(src_block_ids), descriptor.token)
-        gathered = time.perf_counter()
+        gather_s = time.perf_counter() - started
+        tag = ucx_api.UCXXTag(transfer_tag(descriptor.token))
+        try:
+            endpoint = self._endpoint(descriptor.peer_address)
+            request = endpoint.tag_send(Array(staging.raw.numpy()), tag)
+        except ucx_api.UCXError as error:
+            self._pool.release(staging)
+            failed: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+            failed.set_exception(TransferError(f"peer_address: cannot send to it: {error!r}"))
+            return failed
         future: concurrent.futures.Future[SendResult] = self._runtime.submit(
-            self._push(descriptor, staging, started)
+            self._finish(descriptor, staging, request, started, gather_s)
         )
         return future
 
     def close(self) -> None:
-        for endpoint in list(self._endpoints.values()):
+        with self._lock:
+            endpoints, self._endpoints = list(self._endpoints.values()), {}
+        for endpoint in endpoints:
             self._runtime.call(_close_endpoint(endpoint))
-        self._endpoints.clear()
         self._runtime.close()
 
-    async def _push(
-        self, descriptor: TransferDescriptor, staging: Staging, started: float
+    async def _finish(
+        self,
+        descriptor: TransferDescriptor,
+        staging: Staging,
+        request: ucx_api.UCXRequest,
+        started: float,
+        gather_s: float,
     ) -> SendResult:
-        peer = descriptor.peer_address
-        endpoint = self._endpoint(peer)
-        tag = ucx_api.UCXXTag(transfer_tag(descriptor.token))
-        waiter = asyncio.ensure_future(endpoint.tag_send(Array(staging.raw.numpy()), tag).wait())
+        try:
+            await self._completion(descriptor, request)
+        finally:
+            self._pool.release(staging)  # sent, or its endpoint closed: UCX is done with it
+        seconds = time.perf_counter() - started
+        with self._lock:
+            self.bytes_sent += staging.payload_nbytes
+            self.seconds += seconds
+        return SendResult(descriptor.request_id, staging.payload_nbytes, seconds, gather_s)
+
+    async def _completion(
+        self, descriptor: TransferDescriptor, request: ucx_api.UCXRequest
+    ) -> None:
+        waiter = asyncio.ensure_future(request.wait())
         waiter.add_done_callback(_consume_exception)
         timeout = self._runtime.config.send_timeout_s
         done, _ = await asyncio.wait({waiter}, timeout=timeout)
         if not done:
             # Only closing the endpoint releases a send nobody receives (ucxx has no cancel).
-            await self._drop_endpoint(peer)
+            await self._drop_endpoint(descriptor.peer_address)
             raise TransferTimeoutError(
                 f"request {descriptor.request_id!r}: decode took no bytes within {timeout} s"
             )
         if waiter.exception() is not None:
-            await self._drop_endpoint(peer)
+            await self._drop_endpoint(descriptor.peer_address)
             raise TransferError(f"request {descriptor.request_id!r}: {waiter.exception()!r}")
-        seconds = time.perf_counter() - started
-        with self._lock:
-            self.bytes_sent += staging.payload_nbytes
-            self.seconds += seconds
-        return SendResult(descriptor.request_id, staging.payload_nbytes, seconds)
 
     def _endpoint(self, peer: bytes) -> ucx_api.UCXEndpoint:
-        endpoint = self._endpoints.get(peer)
-        if endpoint is None:
-            endpoint = ucx_api.UCXEndpoint.create_from_worker_address(
-                self._runtime.worker,
-                ucx_api.UCXAddress.create_from_buffer(peer),
-                self._runtime.config.endpoint_error_handling,
-            )
-            self._endpoints[peer] = endpoint
-        return endpoint
+        """One cached endpoint per decode worker (creating one costs ~0.1 s)."""
+        with self._lock:
+            endpoint = self._endpoints.get(peer)
+            if endpoint is None:
+                endpoint = ucx_api.UCXEndpoint.create_from_worker_address(
+                    self._runtime.worker,
+                    ucx_api.UCXAddress.create_from_buffer(peer),
+                    self._runtime.config.endpoint_error_handling,
+                )
+                self._endpoints[peer] = endpoint
+            return endpoint
 
     async def _drop_endpoint(self, peer: bytes) -> None:
-        endpoint = self._endpoints.pop(peer, None)
+        with self._lock:
+            endpoint = self._endpoints.pop(peer, None)
         if endpoint is not None:
             await _close_endpoint(endpoint)
 

@@ -47,15 +47,19 @@ class UcxConfig:
         not support it, so True forces TCP even between processes on one host; use True across
         pods (a dead peer then fails the transfer instead of hanging it).
     send_timeout_s: how long a send may wait for the receiver to take the bytes.
+    staging_pool_bytes: idle staging memory kept for reuse (see `StagingPool`).
     """
 
     options: tuple[tuple[str, str], ...] = ()
     endpoint_error_handling: bool = False
     send_timeout_s: float = 30.0
+    staging_pool_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
         if self.send_timeout_s <= 0:
             raise ValueError(f"send_timeout_s: must be > 0, got {self.send_timeout_s}")
+        if self.staging_pool_bytes < 0:
+            raise ValueError(f"staging_pool_bytes: must be >= 0, got {self.staging_pool_bytes}")
 
 
 class UcxRuntime:
