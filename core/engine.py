@@ -22,7 +22,11 @@ from pdserve.core.model_config import ModelConfig, load_model_config
 from pdserve.core.model_runner import ModelRunner
 from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
+from pdserve.core.sampling_params import (
+    DuplicateRequestError,
+    InvalidRequestError,
+    SamplingParams,
+)
 from pdserve.core.scheduler import Scheduler, blocks_for
 
 
@@ -81,7 +85,7 @@ class LLMEngine:
         order = next(self._arrivals)
         request_id = str(order) if request_id is None else request_id
         if request_id in self.requests:
-            raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
+            raise DuplicateRequestError(request_id)
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", "must be a SamplingParams")
         token_ids = self._prompt_token_ids(prompt)
@@ -90,9 +94,12 @@ class LLMEngine:
         if params.seed is not None:
             request.generator = torch.Generator().manual_seed(params.seed)
         self.requests[request_id] = request
-        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        self._detokenizers[request_id] = self._new_detokenizer(params)
         self.scheduler.add(request)
         return request_id
+
+    def _new_detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, params.stop)
 
     def abort(self, request_id: str) -> None:
         """Finishes a request as aborted and frees its blocks (unknown ids are ignored)."""
@@ -142,6 +149,11 @@ class LLMEngine:
 
     def step(self) -> list[TokenDelta]:
         output = self.scheduler.schedule()
+        now = time.monotonic()
+        for request_id in output.num_scheduled_tokens:
+            request = self.requests[request_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
         sampled = self.runner.execute(output, self.requests)
         for request_id, num_new in output.num_scheduled_tokens.items():
             self.requests[request_id].num_computed_tokens += num_new

@@ -46,6 +46,7 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     swap_block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    first_scheduled_time: float | None = None  # monotonic; queue time ends here
     generator: torch.Generator | None = None  # per-request RNG when the request has a seed
 
     @property

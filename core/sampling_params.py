@@ -13,6 +13,13 @@ class InvalidRequestError(ValueError):
         self.field = field
 
 
+class DuplicateRequestError(InvalidRequestError):
+    """The request id is already in flight here (ALREADY_EXISTS over gRPC)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__("request_id", f"{request_id!r} is already in use")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16

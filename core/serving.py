@@ -2,8 +2,8 @@
 
 Health: `""` is liveness (SERVING while the process runs); the service's own name is readiness
 (NOT_SERVING while loading or draining). On SIGTERM/SIGINT readiness goes NOT_SERVING first so
-load balancers stop sending, then `server.stop(grace)` refuses new calls and gives in-flight ones
-the grace period to finish.
+load balancers stop sending; servicers refuse new work (UNAVAILABLE) while in-flight work gets up
+to the grace period to finish; then the server stops.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +23,8 @@ from grpc_reflection.v1alpha import reflection
 log = logging.getLogger(__name__)
 
 LIVENESS = ""
+_DRAIN_POLL_S = 0.05
+_FINAL_STOP_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,19 +68,26 @@ class ServiceHost:
         )
         await self.health.set(self.readiness_name, status)
 
-    async def serve_until_signal(self) -> None:
-        """Blocks until SIGTERM/SIGINT, then drains and stops the server."""
+    async def serve_until_signal(self, is_idle: Callable[[], bool] = lambda: True) -> None:
+        """Blocks until SIGTERM/SIGINT (or `request_stop`), then drains and stops the server."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         await self._stop.wait()
-        await self.drain()
+        await self.drain(is_idle)
 
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def drain(self) -> None:
+    async def drain(self, is_idle: Callable[[], bool]) -> None:
+        """Readiness off, new work refused (servicers check `draining`), in-flight work gets up to
+        the grace period: calls that belong to it (a decode stream after its reservation) still
+        arrive, which is why the server is not stopped until then."""
         self.draining = True
         await self.set_ready(False)
-        log.info("draining: %.0fs for in-flight calls", self.config.drain_grace_seconds)
-        await self.server.stop(self.config.drain_grace_seconds)
+        grace = self.config.drain_grace_seconds
+        log.info("draining: up to %.0fs for in-flight work", grace)
+        deadline = time.monotonic() + grace
+        while not is_idle() and time.monotonic() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        await self.server.stop(_FINAL_STOP_GRACE_S)

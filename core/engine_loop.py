@@ -1,0 +1,141 @@
+"""Runs an engine on its own thread and connects it to asyncio servicers.
+
+The engine is not thread-safe, so every change to it (add, abort, reserve, ...) is a command run on
+the engine thread between steps (`call`). Deltas go to per-request sinks, which servicers usually
+make with `loop.call_soon_threadsafe`. If a step raises, every in-flight request gets the error
+(its sink receives the exception) and the loop keeps serving new requests: one bad step must not
+take the worker down.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from pdserve.core.engine import LLMEngine
+from pdserve.core.outputs import TokenDelta
+
+T = TypeVar("T")
+Sink = Callable[[TokenDelta | BaseException], None]
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundWork(Protocol):
+    """Work the loop polls between steps (the decode tier's incoming KV transfers)."""
+
+    def pending(self) -> bool: ...
+
+    def poll(self) -> list[tuple[str, TokenDelta | BaseException]]:
+        """Advances the work; returns what to deliver to request sinks."""
+        ...
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        background: BackgroundWork | None = None,
+        poll_interval_s: float = 0.001,
+    ) -> None:
+        self.engine = engine
+        self._background = background
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._poll_interval_s = poll_interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._commands.put(lambda: None)  # wakes the loop if it sleeps on the queue
+        self._thread.join(timeout=10)
+
+    def call(self, command: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Runs `command` on the engine thread between steps; its result or error in the future."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(command())
+                except BaseException as error:  # the caller gets it
+                    future.set_exception(error)
+
+        self._commands.put(run)
+        return future
+
+    def subscribe(self, request_id: str, sink: Sink) -> None:
+        """Routes the request's deltas to `sink` (call from the engine thread, e.g. in `call`)."""
+        self._sinks[request_id] = sink
+
+    def unsubscribe(self, request_id: str) -> None:
+        self._sinks.pop(request_id, None)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._run_commands(self._command_wait())
+            if self._background is not None:
+                for request_id, item in self._background.poll():
+                    self._deliver(request_id, item)
+            if self.engine.has_unfinished():
+                self._step()
+
+    def busy(self) -> bool:
+        """Whether any request is still in flight here (for draining)."""
+        background = self._background is not None and self._background.pending()
+        return background or self.engine.has_unfinished() or bool(self._sinks)
+
+    def _command_wait(self) -> float | None:
+        """How long to wait for a command: not at all while the engine has work, briefly while
+        background work (transfers) must be polled, else until one comes."""
+        if self.engine.has_unfinished():
+            return 0.0
+        if self._background is not None and self._background.pending():
+            return self._poll_interval_s
+        return None
+
+    def _run_commands(self, wait: float | None) -> None:
+        try:
+            if wait == 0.0:
+                command = self._commands.get_nowait()
+            else:
+                command = self._commands.get(timeout=wait)
+        except queue.Empty:
+            return
+        command()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _step(self) -> None:
+        try:
+            deltas = self.engine.step()
+        except Exception as error:  # reported to every request; the loop survives
+            log.exception("engine step failed; failing every in-flight request")
+            self._fail_all(error)
+            return
+        for delta in deltas:
+            self._deliver(delta.request_id, delta)
+
+    def _deliver(self, request_id: str, item: TokenDelta | BaseException) -> None:
+        sink = self._sinks.get(request_id)
+        if sink is not None:
+            sink(item)
+        if isinstance(item, BaseException) or item.finished:
+            self._sinks.pop(request_id, None)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+            self._deliver(request_id, error)

@@ -1,0 +1,97 @@
+"""Glue between a grpc.aio servicer and an engine running on its EngineLoop thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+from pdserve.core.engine_loop import EngineLoop
+from pdserve.core.errors import DrainingError
+from pdserve.core.outputs import TokenDelta
+from pdserve.core.serving import ServiceHost
+
+T = TypeVar("T")
+
+
+class TierRuntime:
+    """Set once the model is loaded; servicers exist earlier (grpc.aio needs them before start)."""
+
+    def __init__(self, host: ServiceHost) -> None:
+        self.host = host
+        self.loop: EngineLoop | None = None
+
+    def engine_loop(self) -> EngineLoop:
+        if self.loop is None:
+            raise DrainingError("this worker is still loading its model")
+        return self.loop
+
+    def check_accepting(self) -> None:
+        """New work (not the rest of work already accepted) is refused while draining."""
+        if self.host.draining:
+            raise DrainingError("this worker is draining; retry on another")
+
+    def is_idle(self) -> bool:
+        loop = self.loop
+        return loop is None or not loop.busy()
+
+    async def call(self, command: Callable[[], T]) -> T:
+        """Runs `command` on the engine thread and awaits its result."""
+        return await asyncio.wrap_future(self.engine_loop().call(command))
+
+    def abort_soon(self, abort: Callable[[], None]) -> None:
+        """Fire-and-forget cleanup (from finally blocks of cancelled calls)."""
+        if self.loop is not None:
+            self.loop.call(abort)
+
+    async def stream(self, request_id: str, start: Callable[[], None]) -> AsyncIterator[TokenDelta]:
+        """Runs `start` on the engine thread, then yields the request's deltas until it finishes.
+
+        Raises the error the engine reports for the request. If the caller stops early
+        (cancellation, deadline), the request is aborted on the engine."""
+        loop = self.engine_loop()
+        queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
+        aio_loop = asyncio.get_running_loop()
+
+        def subscribe_and_start() -> None:
+            loop.subscribe(
+                request_id, lambda item: aio_loop.call_soon_threadsafe(queue.put_nowait, item)
+            )
+            try:
+                start()
+            except BaseException:
+                loop.unsubscribe(request_id)
+                raise
+
+        await asyncio.wrap_future(loop.call(subscribe_and_start))
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                loop.call(lambda: _abort_and_unsubscribe(loop, request_id))
+
+
+def _abort_and_unsubscribe(loop: EngineLoop, request_id: str) -> None:
+    loop.unsubscribe(request_id)
+    loop.engine.abort(request_id)
+
+
+async def serve_tier(runtime: TierRuntime, build_loop: Callable[[], EngineLoop]) -> None:
+    """Starts serving at once (liveness), loads the model, then turns ready; drains on SIGTERM."""
+    host = runtime.host
+    await host.start()
+    loop = await asyncio.to_thread(build_loop)
+    loop.start()
+    runtime.loop = loop
+    await host.set_ready(True)
+    try:
+        await host.serve_until_signal(runtime.is_idle)
+    finally:
+        loop.stop()

@@ -1,0 +1,215 @@
+"""The decode tier's engine: reserve blocks, wait for KV over UCX, then continuous batching.
+
+A request's path through decode (traced, as SGLang's disaggregation docs do):
+1. `reserve` (Decode.Reserve): validates, takes blocks for the prompt's KV — or queues the
+   reservation until blocks free up (bounded: a full queue is RESOURCE_EXHAUSTED) — and posts the
+   UCX receive. Status WAITING_FOR_KV; the request is in no scheduler queue yet.
+2. `start` (Decode.Generate): the router hands over prefill's first token. From now on `poll`
+   watches the transfer without blocking.
+3. KV landed: the first token is appended (it may already finish the request) and the request
+   joins the scheduler's waiting queue with `num_computed_tokens = prompt length`, so its next
+   step is a one-token decode. Preemption, swap and recompute then work as in the offline engine.
+Reservations nobody claims within `reservation_ttl_s` (a router that died) are freed, and so are
+transfers that do not land within `kv_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pdserve.core.config import EngineConfig
+from pdserve.core.engine import LLMEngine
+from pdserve.core.errors import (
+    KVNotArrivedError,
+    QueueFullError,
+    TransferTokenError,
+    UnknownRequestError,
+)
+from pdserve.core.kv_cache import KVCache
+from pdserve.core.outputs import TokenDelta
+from pdserve.core.request import Request, RequestStatus
+from pdserve.core.sampling_params import (
+    DuplicateRequestError,
+    InvalidRequestError,
+    SamplingParams,
+)
+from pdserve.core.scheduler import blocks_for
+from pdserve.core.transfer_types import KVReceiverLike, TransferDescriptor, TransferState
+
+ReceiverFactory = Callable[[KVCache], KVReceiverLike]
+Delivery = tuple[str, TokenDelta | BaseException]
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    max_pending_reservations: int = 256
+    reservation_ttl_s: float = 120.0
+    kv_timeout_s: float = 60.0
+
+
+@dataclass
+class _Reservation:
+    request: Request
+    granted: concurrent.futures.Future[TransferDescriptor]
+    since: float
+    descriptor: TransferDescriptor | None = None
+    first_token: int | None = None  # set by `start`: from then on the transfer is polled
+
+
+class DecodeEngine(LLMEngine):
+    def __init__(
+        self,
+        model_dir: Path,
+        config: EngineConfig,
+        receiver_factory: ReceiverFactory,
+        limits: DecodeLimits = DecodeLimits(),
+    ) -> None:
+        super().__init__(model_dir, config)
+        self.limits = limits
+        self.receiver = receiver_factory(self.runner.kv_cache)
+        self._queued: deque[_Reservation] = deque()  # waiting for free blocks
+        self._reserved: dict[str, _Reservation] = {}  # blocks held, KV expected
+
+    # -- commands (engine thread) ---------------------------------------------------------
+
+    def reserve(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> concurrent.futures.Future[TransferDescriptor]:
+        """Validates now; the future resolves once blocks are held and the receive is posted."""
+        queued = any(r.request.request_id == request_id for r in self._queued)
+        if queued or request_id in self.requests or request_id in self._reserved:
+            raise DuplicateRequestError(request_id)
+        token_ids = self._prompt_token_ids(prompt_token_ids)
+        self._check_fits(len(token_ids), params.max_tokens)
+        if len(self._queued) >= self.limits.max_pending_reservations:
+            raise QueueFullError("decode: the reservation queue is full")
+        request = Request(request_id, token_ids, params, next(self._arrivals), time.monotonic())
+        reservation = _Reservation(request, concurrent.futures.Future(), time.monotonic())
+        self._queued.append(reservation)
+        self._grant_queued()
+        return reservation.granted
+
+    def start(self, request_id: str, token: bytes, first_token: int) -> None:
+        """Prefill is done: watch for the KV and continue from `first_token`."""
+        reservation = self._reserved.get(request_id)
+        if reservation is None or reservation.descriptor is None:
+            raise UnknownRequestError(f"request_id: {request_id!r} has no reservation here")
+        if reservation.descriptor.token != token:
+            raise TransferTokenError(f"transfer_token: does not match request {request_id!r}")
+        if not 0 <= first_token < self.model_config.vocab_size:
+            raise InvalidRequestError("first_token_id", f"{first_token} is outside the vocabulary")
+        reservation.first_token = first_token
+        reservation.since = time.monotonic()
+
+    def abort(self, request_id: str) -> None:
+        """Frees whatever the request holds, at any stage (unknown ids are ignored)."""
+        for reservation in list(self._queued):
+            if reservation.request.request_id == request_id:
+                self._queued.remove(reservation)
+                reservation.granted.cancel()
+        reservation = self._reserved.pop(request_id, None)
+        if reservation is not None:
+            self.receiver.cancel(request_id)
+            self.scheduler.block_pool.free(reservation.request.block_ids)
+            reservation.request.block_ids = []
+            reservation.request.status = RequestStatus.FINISHED_ABORTED
+            self._detokenizers.pop(request_id, None)
+            return
+        super().abort(request_id)
+
+    # -- background work (the engine loop polls this between steps) -----------------------
+
+    def pending(self) -> bool:
+        return bool(self._queued or self._reserved)
+
+    def poll(self) -> list[Delivery]:
+        self._grant_queued()
+        deliveries: list[Delivery] = []
+        now = time.monotonic()
+        for request_id, reservation in list(self._reserved.items()):
+            if reservation.first_token is None:
+                if now - reservation.since > self.limits.reservation_ttl_s:
+                    self.abort(request_id)  # nobody came for it
+                continue
+            state = self.receiver.poll(request_id)
+            if state is TransferState.DONE:
+                deliveries.append((request_id, self._admit(reservation)))
+            elif (
+                state is TransferState.FAILED or now - reservation.since > self.limits.kv_timeout_s
+            ):
+                self.abort(request_id)
+                error = KVNotArrivedError(f"request {request_id!r}: its KV never arrived")
+                deliveries.append((request_id, error))
+        return deliveries
+
+    def _grant_queued(self) -> None:
+        # Swapped and preempted requests go first: they already hold a place in the batch.
+        while self._queued and not (self.scheduler.swapped or self.scheduler.waiting):
+            reservation = self._queued[0]
+            request = reservation.request
+            block_ids = self.scheduler.block_pool.allocate(
+                blocks_for(request.num_prompt_tokens, self.config.block_size)
+            )
+            if block_ids is None:
+                return
+            self._queued.popleft()
+            request.block_ids = block_ids
+            request.status = RequestStatus.WAITING_FOR_KV
+            try:
+                descriptor = self.receiver.expect(request.request_id, block_ids, self.layout)
+            except Exception as error:  # the caller learns why; the blocks go back
+                self.scheduler.block_pool.free(block_ids)
+                reservation.granted.set_exception(error)
+                continue
+            reservation.descriptor = descriptor
+            reservation.since = time.monotonic()
+            self._reserved[request.request_id] = reservation
+            reservation.granted.set_result(descriptor)
+
+    def _admit(self, reservation: _Reservation) -> TokenDelta:
+        request = reservation.request
+        assert reservation.first_token is not None  # only started reservations are polled
+        del self._reserved[request.request_id]
+        self.receiver.cancel(request.request_id)  # forgets the finished transfer
+        request.num_computed_tokens = request.num_prompt_tokens
+        self._seed_generator(request)
+        self.requests[request.request_id] = request
+        self._detokenizers[request.request_id] = self._new_detokenizer(request.params)
+        delta = self._append(request, reservation.first_token)
+        if not delta.finished:
+            self.scheduler.add(request)
+        return delta
+
+    def _seed_generator(self, request: Request) -> None:
+        """Same seed, same tokens as a single-process run: prefill drew the first token's noise."""
+        params = request.params
+        if params.seed is None:
+            return
+        request.generator = torch.Generator().manual_seed(params.seed)
+        if not params.greedy:
+            torch.empty(self.model_config.vocab_size).exponential_(generator=request.generator)
+
+    def release(self, request_id: str) -> bool:
+        """Aborts the request; whether it was known here."""
+        known = (
+            request_id in self.requests
+            or request_id in self._reserved
+            or any(r.request.request_id == request_id for r in self._queued)
+        )
+        self.abort(request_id)
+        return known
+
+    def prompt_length(self, request_id: str) -> int:
+        return self._reserved[request_id].request.num_prompt_tokens
+
+    def load(self) -> tuple[int, int]:
+        """(waiting, running) as the router's least-loaded policy counts them."""
+        waiting = len(self._queued) + len(self._reserved) + len(self.scheduler.waiting)
+        return waiting, len(self.scheduler.running) + len(self.scheduler.swapped)

@@ -1,0 +1,58 @@
+"""Prometheus metrics of the decode tier (names are in docs/contract.md and the Helm chart)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from pdserve.decode_service.engine import DecodeEngine
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+TIME_TO_FIRST_TOKEN = Histogram(
+    "pdserve_decode_time_to_first_token_seconds",
+    "Decode.Generate called -> first token sent (mostly waiting for the KV)",
+    buckets=LATENCY_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "pdserve_decode_inter_token_latency_seconds",
+    "Time between consecutive tokens of one request",
+    buckets=LATENCY_BUCKETS,
+)
+QUEUE_TIME = Histogram(
+    "pdserve_decode_queue_seconds",
+    "Decode.Reserve called -> blocks reserved",
+    buckets=LATENCY_BUCKETS,
+)
+TOKENS = Counter("pdserve_decode_generated_tokens_total", "Tokens streamed by this worker")
+
+
+def register_engine_gauges(engine: DecodeEngine) -> None:
+    """Gauges read at scrape time (plain int reads of engine state; a scrape never blocks it)."""
+    pool = engine.scheduler.block_pool
+    swap_pool = engine.scheduler.swap_pool
+    receiver = engine.receiver
+    Gauge("pdserve_decode_waiting_requests", "Reserved or queued, not yet decoding").set_function(
+        lambda: engine.load()[0]
+    )
+    Gauge("pdserve_decode_running_requests", "Decoding (running or swapped)").set_function(
+        lambda: engine.load()[1]
+    )
+    Gauge("pdserve_decode_kv_usage", "Share of KV blocks in use (0..1)").set_function(
+        lambda: pool.num_used / max(pool.num_blocks, 1)
+    )
+    Gauge("pdserve_decode_kv_free_blocks", "Free KV blocks").set_function(lambda: pool.num_free)
+    Gauge("pdserve_decode_swap_used_blocks", "CPU swap blocks in use").set_function(
+        lambda: swap_pool.num_used
+    )
+    Gauge("pdserve_decode_preemptions", "Preemptions since start").set_function(
+        lambda: engine.scheduler.num_preemptions
+    )
+    Gauge("pdserve_decode_swaps_out", "Swap-outs to the CPU pool since start").set_function(
+        lambda: engine.scheduler.num_swaps_out
+    )
+    Gauge("pdserve_decode_kv_received_bytes", "KV bytes received over UCX").set_function(
+        lambda: getattr(receiver, "bytes_received", 0)
+    )
+    Gauge("pdserve_decode_kv_transfer_seconds", "Summed KV transfer time").set_function(
+        lambda: getattr(receiver, "seconds", 0.0)
+    )

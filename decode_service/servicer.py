@@ -1,0 +1,120 @@
+"""`pdserve.v1.Decode`: thin — decode the proto, call the engine, encode, map errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from pdserve.core.grpc_errors import grpc_errors
+from pdserve.core.proto_convert import (
+    descriptor_to_proto,
+    finish_reason_to_proto,
+    sampling_from_proto,
+)
+from pdserve.core.tier_runtime import TierRuntime
+from pdserve.decode_service import metrics
+from pdserve.decode_service.engine import DecodeEngine
+from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+
+Context = grpc.aio.ServicerContext  # type: ignore[type-arg]
+
+
+class DecodeServicer(decode_pb2_grpc.DecodeServicer):
+    def __init__(self, runtime: TierRuntime) -> None:
+        self.runtime = runtime
+
+    def _engine(self) -> DecodeEngine:
+        engine = self.runtime.engine_loop().engine
+        assert isinstance(engine, DecodeEngine)
+        return engine
+
+    async def Reserve(
+        self, request: decode_pb2.ReserveRequest, context: Context
+    ) -> common_pb2.TransferDescriptor:
+        async with grpc_errors(context):
+            started = time.monotonic()
+            self.runtime.check_accepting()
+            params = sampling_from_proto(request.sampling, request.priority)
+            engine = self._engine()
+            prompt = list(request.prompt_token_ids)
+            granted = await self.runtime.call(
+                lambda: engine.reserve(request.request_id, prompt, params)
+            )
+            try:
+                descriptor = await asyncio.wrap_future(granted)
+            finally:
+                if not granted.done() or granted.cancelled():
+                    self.runtime.abort_soon(lambda: engine.abort(request.request_id))
+            metrics.QUEUE_TIME.observe(time.monotonic() - started)
+            return descriptor_to_proto(descriptor)
+
+    async def Generate(
+        self, request: decode_pb2.DecodeRequest, context: Context
+    ) -> AsyncIterator[decode_pb2.TokenDelta]:
+        async with grpc_errors(context):
+            engine = self._engine()
+            started = time.monotonic()
+            last = started
+            completion_tokens = 0
+            prompt_tokens: list[int] = []
+
+            def start() -> None:
+                engine.start(request.request_id, request.transfer_token, request.first_token_id)
+                prompt_tokens.append(engine.prompt_length(request.request_id))
+
+            async for delta in self.runtime.stream(request.request_id, start):
+                now = time.monotonic()
+                histogram = (
+                    metrics.INTER_TOKEN_LATENCY
+                    if completion_tokens
+                    else (metrics.TIME_TO_FIRST_TOKEN)
+                )
+                histogram.observe(now - last)
+                last = now
+                completion_tokens += len(delta.new_token_ids)
+                metrics.TOKENS.inc(len(delta.new_token_ids))
+                message = decode_pb2.TokenDelta(
+                    request_id=delta.request_id,
+                    token_ids=list(delta.new_token_ids),
+                    text=delta.text,
+                    finish_reason=finish_reason_to_proto(delta.finish_reason),
+                )
+                if delta.finished:
+                    message.usage.prompt_tokens = prompt_tokens[0]
+                    message.usage.completion_tokens = completion_tokens
+                    message.timings.decode_seconds = now - started
+                yield message
+
+    async def Release(
+        self, request: decode_pb2.ReleaseRequest, context: Context
+    ) -> decode_pb2.ReleaseResponse:
+        async with grpc_errors(context):
+            engine = self._engine()
+            released = await self.runtime.call(lambda: engine.release(request.request_id))
+            return decode_pb2.ReleaseResponse(released=released)
+
+    async def Abort(
+        self, request: decode_pb2.AbortRequest, context: Context
+    ) -> decode_pb2.AbortResponse:
+        async with grpc_errors(context):
+            engine = self._engine()
+            aborted = await self.runtime.call(lambda: engine.release(request.request_id))
+            # Release and Abort differ only for the caller's intent; both free everything.
+            return decode_pb2.AbortResponse(aborted=aborted)
+
+    async def Load(
+        self, request: common_pb2.LoadRequest, context: Context
+    ) -> common_pb2.LoadResponse:
+        async with grpc_errors(context):
+            engine = self._engine()
+            waiting, running = engine.load()
+            pool = engine.scheduler.block_pool
+            return common_pb2.LoadResponse(
+                num_waiting=waiting,
+                num_running=running,
+                num_free_blocks=pool.num_free,
+                num_total_blocks=pool.num_blocks,
+            )

@@ -1,0 +1,70 @@
+"""`pdserve.v1.Prefill`: thin — decode the proto, call the engine, encode, map errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from pdserve.core.grpc_errors import grpc_errors
+from pdserve.core.proto_convert import descriptor_from_proto, sampling_from_proto
+from pdserve.core.tier_runtime import TierRuntime
+from pdserve.prefill_service import metrics
+from pdserve.prefill_service.engine import PrefillEngine
+from pdserve.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
+
+Context = grpc.aio.ServicerContext  # type: ignore[type-arg]
+
+
+class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
+    def __init__(self, runtime: TierRuntime) -> None:
+        self.runtime = runtime
+
+    def _engine(self) -> PrefillEngine:
+        engine = self.runtime.engine_loop().engine
+        assert isinstance(engine, PrefillEngine)
+        return engine
+
+    async def Prefill(
+        self, request: prefill_pb2.PrefillRequest, context: Context
+    ) -> prefill_pb2.PrefillResult:
+        async with grpc_errors(context):
+            self.runtime.check_accepting()
+            params = sampling_from_proto(request.sampling, request.priority)
+            destination = descriptor_from_proto(request.destination)
+            engine = self._engine()
+            prompt = list(request.prompt_token_ids)
+            pending = await self.runtime.call(
+                lambda: engine.submit(request.request_id, prompt, params, destination)
+            )
+            try:
+                outcome = await asyncio.wrap_future(pending)
+            finally:
+                if not pending.done():  # the caller went away: free this tier's blocks
+                    self.runtime.abort_soon(lambda: engine.abort(request.request_id))
+            metrics.QUEUE_TIME.observe(outcome.queue_seconds)
+            metrics.PREFILL_TIME.observe(outcome.prefill_seconds)
+            metrics.TRANSFER_TIME.observe(outcome.transfer_seconds)
+            metrics.PROMPT_TOKENS.inc(len(prompt))
+            return prefill_pb2.PrefillResult(
+                first_token_id=outcome.first_token_id,
+                kv_bytes_sent=outcome.kv_bytes_sent,
+                timings=prefill_pb2.PrefillTimings(
+                    queue_seconds=outcome.queue_seconds,
+                    prefill_seconds=outcome.prefill_seconds,
+                    transfer_seconds=outcome.transfer_seconds,
+                ),
+            )
+
+    async def Load(
+        self, request: common_pb2.LoadRequest, context: Context
+    ) -> common_pb2.LoadResponse:
+        async with grpc_errors(context):
+            engine = self._engine()
+            pool = engine.scheduler.block_pool
+            return common_pb2.LoadResponse(
+                num_waiting=len(engine.scheduler.waiting),
+                num_running=len(engine.scheduler.running),
+                num_free_blocks=pool.num_free,
+                num_total_blocks=pool.num_blocks,
+            )
