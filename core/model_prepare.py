@@ -39,11 +39,11 @@ def ensure_default_model(cache_dir: Path) -> Path:
     with open(cache_dir / f".{DEFAULT_MODEL_NAME}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then finds the folder ready
         if not (target / "config.json").exists():
-            convert_gguf(_gguf_path(), target)
+            convert_gguf(default_gguf_path(), target)
     return target
 
 
-def _gguf_path() -> Path:
+def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelPrepareError(

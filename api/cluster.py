@@ -1,0 +1,151 @@
+"""Starts router + prefill + decode worker processes on 127.0.0.1 (for `pdserve up` and tests).
+
+Ports are derived from one base so several clusters can run side by side: router `base`,
+prefill i `base + 10 + i`, decode i `base + 20 + i`; metrics the same offsets from
+`metrics_base`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+HOST = "127.0.0.1"
+READINESS = {
+    "router": "pdserve.v1.Generation",
+    "prefill": "pdserve.v1.Prefill",
+    "decode": "pdserve.v1.Decode",
+}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    model_dir: Path
+    num_prefill: int = 1
+    num_decode: int = 1
+    base_port: int = 50051
+    metrics_base_port: int = 9100
+    worker_args: tuple[str, ...] = ()  # engine flags passed to every worker
+    router_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # extra environment (UCX_* for tests)
+    drain_grace_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class Process:
+    role: str
+    index: int
+    port: int
+    metrics_port: int
+    popen: subprocess.Popen[bytes] = field(compare=False)
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+class Cluster:
+    def __init__(self, spec: ClusterSpec, log_dir: Path | None = None) -> None:
+        self.spec = spec
+        self.log_dir = log_dir
+        self.processes: list[Process] = []
+
+    @property
+    def router(self) -> Process:
+        return self._role("router")[0]
+
+    @property
+    def prefill(self) -> list[Process]:
+        return self._role("prefill")
+
+    @property
+    def decode(self) -> list[Process]:
+        return self._role("decode")
+
+    def _role(self, role: str) -> list[Process]:
+        return [p for p in self.processes if p.role == role]
+
+    def start(self) -> None:
+        spec = self.spec
+        for index in range(spec.num_prefill):
+            self._spawn("prefill", index, 10 + index, list(spec.worker_args))
+        for index in range(spec.num_decode):
+            self._spawn("decode", index, 20 + index, list(spec.worker_args))
+        workers = {
+            role: ",".join(p.address for p in self._role(role)) for role in ("prefill", "decode")
+        }
+        router_args = ["--prefill", workers["prefill"], "--decode", workers["decode"]]
+        self._spawn("router", 0, 0, router_args + list(spec.router_args))
+
+    def _spawn(self, role: str, index: int, offset: int, extra: list[str]) -> None:
+        spec = self.spec
+        port, metrics_port = spec.base_port + offset, spec.metrics_base_port + offset
+        command = [
+            sys.executable, "-m", "pdserve", role,
+            "--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port),
+            "--model", str(spec.model_dir),
+            "--drain-grace-seconds", str(spec.drain_grace_seconds),
+            *extra,
+        ]  # fmt: skip
+        output = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            output = open(self.log_dir / f"{role}-{index}.log", "wb")  # noqa: SIM115 (lives with the child)
+        env = {**os.environ, **dict(spec.env)}
+        popen = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
+        self.processes.append(Process(role, index, port, metrics_port, popen))
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Blocks until every process reports SERVING on its readiness name."""
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes:
+            while not _is_ready(process):
+                if process.popen.poll() is not None:
+                    raise RuntimeError(
+                        f"{process.role}-{process.index} exited ({process.popen.returncode})"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{process.role}-{process.index} not ready in {timeout_s:.0f}s"
+                    )
+                time.sleep(0.2)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM everyone (graceful drain), then SIGKILL whoever is left."""
+        for process in self.processes:
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes:
+            try:
+                process.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+                process.popen.wait()
+
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _is_ready(process: Process) -> bool:
+    with grpc.insecure_channel(process.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=READINESS[process.role]), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,85 @@
+"""`pdserve generate`: a prompt in, text out — through the router, or in-process with --local."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import grpc
+
+from pdserve.client import DEFAULT_TARGET, GenerationClient, SamplingParams, build_request
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the prompt text")
+    parser.add_argument("--address", default=DEFAULT_TARGET, help="router host:port")
+    parser.add_argument("--stream", action="store_true", help="print tokens as they come")
+    parser.add_argument("--local", action="store_true", help="run the engine in this process")
+    parser.add_argument("--model", default=None, help="with --local: a local HF model folder")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--priority", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.local:
+        return _run_local(args)
+    try:
+        asyncio.run(_run_remote(args))
+    except grpc.aio.AioRpcError as error:
+        print(f"\nerror: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _run_remote(args: argparse.Namespace) -> None:
+    sampling = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        stop=args.stop,
+    )
+    if args.seed is not None:
+        sampling.seed = args.seed
+    request = build_request(args.prompt, sampling=sampling, priority=args.priority)
+    async with GenerationClient.connect(args.address) as client:
+        if args.stream:
+            async for chunk in client.generate_stream(request, timeout=args.timeout):
+                print(chunk.text, end="", flush=True)
+            print()
+        else:
+            reply = await client.generate(request, timeout=args.timeout)
+            print(reply.text)
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from pdserve.core.llm import LLM
+    from pdserve.core.sampling_params import InvalidRequestError
+    from pdserve.core.sampling_params import SamplingParams as EngineSamplingParams
+
+    try:
+        params = EngineSamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop=tuple(args.stop),
+            priority=args.priority,
+        )
+        llm = LLM(args.model)
+        llm.engine.add_request(args.prompt, params)
+    except InvalidRequestError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for delta in llm.stream():
+        print(delta.text, end="", flush=True)
+    print()
+    return 0

@@ -1,0 +1,59 @@
+"""`pdserve up`: router + prefill + decode workers on 127.0.0.1 until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.core.cli_config import add_flag, add_model_arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--prefill", type=int, default=1, help="prefill workers")
+    parser.add_argument("--decode", type=int, default=1, help="decode workers")
+    parser.add_argument("--port", type=int, default=50051, help="router port; workers follow it")
+    parser.add_argument("--metrics-port", type=int, default=9100, help="router metrics port")
+    add_flag(parser, "--log-dir", Path, None, "write each process's log here (default: discard)")
+    parser.add_argument(
+        "worker_args", nargs=argparse.REMAINDER, help="after --: engine flags for every worker"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdserve.core.model_source import resolve_model
+
+    if args.prefill < 1 or args.decode < 1:
+        print("pdserve up: --prefill and --decode must be >= 1", file=sys.stderr)
+        return 2
+    model_dir = resolve_model(args.model, args.model_cache)  # prepared once, before the workers
+    worker_args = tuple(a for a in args.worker_args if a != "--")
+    spec = ClusterSpec(
+        model_dir=model_dir,
+        num_prefill=args.prefill,
+        num_decode=args.decode,
+        base_port=args.port,
+        metrics_base_port=args.metrics_port,
+        worker_args=worker_args,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with Cluster(spec, args.log_dir) as cluster:
+        print(f"starting {args.prefill} prefill + {args.decode} decode workers ...", flush=True)
+        cluster.wait_ready()
+        print(
+            f"ready: pdserve.v1.Generation on {cluster.router.address} (Ctrl-C stops)", flush=True
+        )
+        print('try:   pdserve generate --stream "Tell me about Paris"', flush=True)
+        while not stop.wait(0.5):
+            dead = [p for p in cluster.processes if p.popen.poll() is not None]
+            if dead:
+                print(f"{dead[0].role}-{dead[0].index} exited; stopping", file=sys.stderr)
+                return 1
+        print("stopping (draining in-flight requests) ...", flush=True)
+    return 0
