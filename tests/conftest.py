@@ -1,10 +1,13 @@
-"""Session-wide fixtures: the real default model, prepared once into the user cache."""
+"""Session-wide fixtures: the real default model (prepared once into the user cache), prompts of
+many lengths and transformers' greedy outputs for them (the oracle every path must match)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -12,3 +15,56 @@ def model_dir() -> Path:
     from pdserve.core.model_source import resolve_model
 
     return resolve_model(None)
+
+
+PROMPT_LENGTHS = (1, 7, 16, 17, 63, 130, 250, 500)
+MAX_NEW_TOKENS = 24
+
+_TEXT = (
+    "The history of computing is a story of people trying to make machines do arithmetic "
+    "faster than a clerk with pen and paper. Early mechanical calculators added and "
+    "multiplied with gears; punched cards later stored data and programs. In the middle of the "
+    "twentieth century, electronic computers replaced relays with vacuum tubes, and then with "
+    "transistors, which were smaller, cooler and far more reliable. Integrated circuits put "
+    "many transistors on one chip, and the microprocessor put a whole computer on one. "
+)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer: Any) -> list[list[int]]:
+    """Real-text prompts of PROMPT_LENGTHS tokens (each starting at a different word)."""
+    ids: list[int] = tokenizer.encode(_TEXT * 12)
+    return [ids[3 * i : 3 * i + length] for i, length in enumerate(PROMPT_LENGTHS)]
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+    """transformers `generate(do_sample=False)` for every prompt, one at a time (no padding)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            generated = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_NEW_TOKENS,
+                do_sample=False,
+            )
+            outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs
+
+
+@pytest.fixture(scope="session")
+def max_new_tokens() -> int:
+    """How many tokens `hf_greedy` generated per prompt."""
+    return MAX_NEW_TOKENS

@@ -11,10 +11,6 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
 
-from .conftest import MAX_NEW_TOKENS
-
-GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
-
 SCENARIOS = {
     "roomy": EngineConfig(num_kv_blocks=256),
     # Too few blocks for all eight at once: running requests get swapped out to the CPU pool.
@@ -28,11 +24,15 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_greedy_equals_transformers(
-    scenario: str, model_dir: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
+    scenario: str,
+    model_dir: Path,
+    prompts: list[list[int]],
+    hf_greedy: list[list[int]],
+    max_new_tokens: int,
 ) -> None:
     config = SCENARIOS[scenario]
     llm = LLM(model_dir, **vars(config))
-    outputs = llm.generate(prompts, GREEDY)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0))
 
     assert [list(out.token_ids) for out in outputs] == hf_greedy
     scheduler = llm.engine.scheduler
@@ -47,7 +47,7 @@ def test_text_is_the_decoded_tokens(
     model_dir: Path, prompts: list[list[int]], tokenizer: Any
 ) -> None:
     llm = LLM(model_dir, num_kv_blocks=128)
-    for out in llm.generate(prompts[:3], GREEDY):
+    for out in llm.generate(prompts[:3], SamplingParams(max_tokens=16, temperature=0)):
         assert out.text == tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
 
 
