@@ -6,7 +6,8 @@ and one `scaled_dot_product_attention` call with a boolean mask and `enable_gqa`
 On CPU that beat explicit matmuls + softmax (see docs/kernels.md): torch's CPU flash kernel fuses
 mask, softmax and the GQA broadcast and accumulates in fp32 (opmath) for fp16/bf16 inputs.
 
-Prefill loops over the sequences of the step (there are few) with one SDPA call each.
+Prefill loops over the sequences of the step (there are few) with one SDPA call each; the
+one-token chunks of a mixed batch go through the vectorised decode together.
 
 Sliding window `W`: a query at position `p` sees keys at positions `p - W < k <= p` (W keys
 including itself), the Hugging Face / Mistral convention.
@@ -99,8 +100,18 @@ def prefill_attention(
             f"got {starts[0]}..{starts[-1]}"
         )
     out = torch.empty_like(q)
+    one_token = [seq for seq, length in enumerate(query_lens) if length == 1]
+    if len(one_token) > 1:
+        # Decode-like sequences of a mixed batch go through the vectorised decode in one call.
+        picked = torch.tensor(one_token, device=q.device)
+        one_token_rows = query_start_loc[picked].long()
+        out[one_token_rows] = decode_attention(
+            q[one_token_rows], k_cache, v_cache, block_tables[picked], context_lens[picked], scale,
+            sliding_window,
+        )  # fmt: skip
+    batched = set(one_token) if len(one_token) > 1 else set()
     for seq in range(shape.num_seqs):
-        if query_lens[seq] == 0:
+        if query_lens[seq] == 0 or seq in batched:
             continue
         rows = slice(starts[seq], starts[seq + 1])
         out[rows] = _prefill_one(

@@ -97,3 +97,12 @@ def test_decode_equals_last_row_of_prefill() -> None:
     decode = paged_attention_decode(*common, case.context_lens, case.scale)
     prefill = paged_attention_prefill(*common, case.query_start_loc, case.context_lens, case.scale)
     torch.testing.assert_close(decode, prefill)
+
+
+def test_prefill_batches_one_token_chunks_through_decode() -> None:
+    """A mixed step: decode-like one-token chunks between real prefill chunks."""
+    config = HeadConfig(9, 3, 64, 16)
+    contexts, chunks = [40, 77, 20, 1, 300, 33], [1, 1, 20, 1, 64, 1]
+    for window in (None, 10):
+        case = make_paged_case(contexts, config, torch.float16, query_lens=chunks, seed=3)
+        check_prefill(paged_attention_prefill, case, window)
