@@ -1,0 +1,29 @@
+"""`pdserve bench`: benchmarks, one sub-subcommand each (`offline` for now)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Protocol
+
+from pdserve.bench import offline_cli
+
+
+class Benchmark(Protocol):
+    HELP: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+BENCHMARKS: dict[str, Benchmark] = {"offline": offline_cli}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, module in BENCHMARKS.items():
+        module.add_arguments(benchmarks.add_parser(name, help=module.HELP, description=module.HELP))
+
+
+def run(args: argparse.Namespace) -> int:
+    return BENCHMARKS[args.benchmark].run(args)

@@ -1,0 +1,72 @@
+"""The shipped workloads have the shapes the benchmark issue states, and are reproducible."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdserve.bench import make_workloads
+from pdserve.bench.offline_workload import (
+    WORKLOAD_DIR,
+    WorkloadError,
+    load_workload,
+    parse_workload,
+)
+
+VOCAB = 49152  # SmolLM2's
+
+
+def test_mixed_has_64_requests_with_uniform_ranges() -> None:
+    requests = load_workload(WORKLOAD_DIR / "mixed.json")
+    assert len(requests) == 64
+    prompt_lens = [len(r.prompt) for r in requests]
+    max_tokens = [r.max_tokens for r in requests]
+    assert min(prompt_lens) >= 10 and max(prompt_lens) <= 100
+    assert min(max_tokens) >= 20 and max(max_tokens) <= 200
+    # Spread over the range, not bunched: what makes static batching waste slots.
+    assert max(prompt_lens) - min(prompt_lens) > 60
+    assert max(max_tokens) - min(max_tokens) > 120
+    assert all(0 <= t < VOCAB for r in requests for t in r.prompt)
+
+
+def test_uniform_has_64_requests_of_64_prompt_and_100_output_tokens() -> None:
+    requests = load_workload(WORKLOAD_DIR / "uniform.json")
+    assert len(requests) == 64
+    assert {len(r.prompt) for r in requests} == {64}
+    assert {r.max_tokens for r in requests} == {100}
+    assert all(0 <= t < VOCAB for r in requests for t in r.prompt)
+
+
+def test_generator_reproduces_the_shipped_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.argv", ["make_workloads", "--out", str(tmp_path)])
+    make_workloads.main()
+    for name in ("mixed.json", "uniform.json"):
+        assert (tmp_path / name).read_bytes() == (WORKLOAD_DIR / name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ([], "workload"),
+        ([{"prompt": [], "max_tokens": 3}], "prompt"),
+        ([{"prompt": [1, "a"], "max_tokens": 3}], "prompt"),
+        ([{"prompt": [1, 2], "max_tokens": 0}], "max_tokens"),
+        ([{"prompt": [1, 2]}], "max_tokens"),
+        ([[1, 2]], "workload"),
+    ],
+)
+def test_bad_workload_names_the_field(data: object, field: str) -> None:
+    with pytest.raises(WorkloadError, match=rf"^{field}:"):
+        parse_workload(json.loads(json.dumps(data)), "test")
+
+
+def test_unreadable_file_is_a_workload_error(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match=r"^workload:"):
+        load_workload(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(WorkloadError, match=r"^workload:.*not valid JSON"):
+        load_workload(tmp_path / "bad.json")
