@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -95,7 +96,7 @@ class Cluster:
             "--drain-grace-seconds", str(spec.drain_grace_seconds),
             *extra,
         ]  # fmt: skip
-        output = subprocess.DEVNULL
+        output: int | BinaryIO = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             output = open(self.log_dir / f"{role}-{index}.log", "wb")  # noqa: SIM115 (lives with the child)

@@ -29,13 +29,13 @@ def add_flag(
     kind: Callable[[str], object],
     default: object,
     help_text: str,
-    **extra: object,
+    choices: list[str] | None = None,
 ) -> None:
     """A flag whose default comes from its env variable when set (flag > env > default)."""
     raw = os.environ.get(env_name(flag))
     value = kind(raw) if raw is not None else default
     parser.add_argument(
-        flag, type=kind, default=value, help=f"{help_text} (env {env_name(flag)})", **extra
+        flag, type=kind, default=value, choices=choices, help=f"{help_text} (env {env_name(flag)})"
     )
 
 

@@ -53,10 +53,11 @@ class TierRuntime:
         queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
         aio_loop = asyncio.get_running_loop()
 
+        def sink(item: TokenDelta | BaseException) -> None:
+            aio_loop.call_soon_threadsafe(queue.put_nowait, item)
+
         def subscribe_and_start() -> None:
-            loop.subscribe(
-                request_id, lambda item: aio_loop.call_soon_threadsafe(queue.put_nowait, item)
-            )
+            loop.subscribe(request_id, sink)
             try:
                 start()
             except BaseException:

@@ -48,12 +48,15 @@ class UcxConfig:
         pods (a dead peer then fails the transfer instead of hanging it).
     send_timeout_s: how long a send may wait for the receiver to take the bytes.
     staging_pool_bytes: idle staging memory kept for reuse (see `StagingPool`).
+    progress_polling: UCX's progress thread spins instead of sleeping in epoll: lower latency per
+        rendezvous step, one busy core per worker. Off by default (see docs/transfer.md).
     """
 
     options: tuple[tuple[str, str], ...] = ()
     endpoint_error_handling: bool = False
     send_timeout_s: float = 30.0
     staging_pool_bytes: int = 256 * 2**20
+    progress_polling: bool = False
 
     def __post_init__(self) -> None:
         if self.send_timeout_s <= 0:
@@ -72,7 +75,7 @@ class UcxRuntime:
             dict(config.options), feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP)
         )
         self.worker = ucx_api.UCXWorker(self._context, enable_python_future=True)
-        self.worker.start_progress_thread(polling_mode=False, epoll_timeout=1)
+        self.worker.start_progress_thread(polling_mode=config.progress_polling, epoll_timeout=1)
         self._loop_thread = threading.Thread(
             target=self._loop.run_forever, name="pdserve-ucx-loop", daemon=True
         )

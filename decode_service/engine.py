@@ -114,8 +114,8 @@ class DecodeEngine(LLMEngine):
             if reservation.request.request_id == request_id:
                 self._queued.remove(reservation)
                 reservation.granted.cancel()
-        reservation = self._reserved.pop(request_id, None)
-        if reservation is not None:
+        if request_id in self._reserved:
+            reservation = self._reserved.pop(request_id)
             self.receiver.cancel(request_id)
             self.scheduler.block_pool.free(reservation.request.block_ids)
             reservation.request.block_ids = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -19,7 +20,7 @@ from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
-Context = grpc.aio.ServicerContext  # type: ignore[type-arg]
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeServicer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -13,7 +14,7 @@ from pdserve.prefill_service import metrics
 from pdserve.prefill_service.engine import PrefillEngine
 from pdserve.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 
-Context = grpc.aio.ServicerContext  # type: ignore[type-arg]
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 class PrefillServicer(prefill_pb2_grpc.PrefillServicer):

@@ -1,0 +1,60 @@
+"""Small helpers for integration tests: worker load, metrics, blocks-free polling."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import grpc
+
+from pdserve.cluster import Cluster, Process
+from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+
+def load(process: Process) -> common_pb2.LoadResponse:
+    with grpc.insecure_channel(process.address) as channel:
+        stub_class = (
+            prefill_pb2_grpc.PrefillStub
+            if process.role == "prefill"
+            else decode_pb2_grpc.DecodeStub
+        )
+        reply: common_pb2.LoadResponse = stub_class(channel).Load(
+            common_pb2.LoadRequest(), timeout=5
+        )
+        return reply
+
+
+def workers(cluster: Cluster) -> list[Process]:
+    return [*cluster.prefill, *cluster.decode]
+
+
+def all_blocks_free(cluster: Cluster) -> bool:
+    for process in workers(cluster):
+        reply = load(process)
+        if (
+            reply.num_free_blocks != reply.num_total_blocks
+            or reply.num_running
+            or reply.num_waiting
+        ):
+            return False
+    return True
+
+
+def wait_all_blocks_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
+    """Blocks are freed asynchronously after a cancel; give the tiers a moment, then insist."""
+    deadline = time.monotonic() + timeout_s
+    while not all_blocks_free(cluster):
+        if time.monotonic() > deadline:
+            states = {f"{p.role}-{p.index}": load(p) for p in workers(cluster)}
+            raise AssertionError(f"blocks still held after {timeout_s}s: {states}")
+        time.sleep(0.1)
+
+
+def metric(process: Process, name: str) -> float:
+    """The value of one unlabelled metric from the process's /metrics page."""
+    url = f"http://127.0.0.1:{process.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise KeyError(f"{name} not on {url}")
