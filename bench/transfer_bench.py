@@ -7,7 +7,8 @@ and transport it measures, in separate processes:
 - `ucx_perftest -t tag_bw` at the same message size and UCX_TLS (the ceiling for one UCX message);
 - pdserve's KVSender -> KVReceiver: send() called on prefill -> poll() answers DONE on decode
   (gather + wire + scatter), timed with CLOCK_MONOTONIC, which both processes share; the wire part
-  alone (send minus gather) is the figure comparable with perftest;
+  alone (send posted after the gather -> receive seen complete before the scatter) is the figure
+  comparable with perftest;
 - the same blocks as one unary gRPC message (gather, bytes, gRPC over loopback, scatter on the
   server), the way the KV would travel if it went inside protobuf.
 """
@@ -73,14 +74,15 @@ def _filled_cache(seed: int) -> KVCache:
     return cache
 
 
-def _peer(conn: Connection, role: str, env: dict[str, str]) -> None:
+def _peer(conn: Connection, role: str, env: dict[str, str], polling: bool) -> None:
     """A prefill or decode process: answers ("expect"|"wait"|"send", args) until "stop"."""
     os.environ.update(env)
     from pdserve.core.transfer_ucx import KVReceiver, KVSender
     from pdserve.core.transfer_ucx_runtime import UcxConfig
 
     cache = _filled_cache(seed=1 if role == "prefill" else 2)
-    peer = KVReceiver(cache, UcxConfig()) if role == "decode" else KVSender(UcxConfig())
+    config = UcxConfig(progress_polling=polling)
+    peer = KVReceiver(cache, config) if role == "decode" else KVSender(config)
     conn.send(peer.address() if isinstance(peer, KVReceiver) else b"")
     while (message := conn.recv())[0] != "stop":
         name, args = message
@@ -109,12 +111,16 @@ def _median_gbps(nbytes: int, seconds: list[float]) -> float:
     return nbytes / statistics.median(seconds) / 1e9
 
 
-def bench_ucx(tls: str, cases: list[Case], iterations: int) -> dict[int, dict[str, float]]:
+def bench_ucx(
+    tls: str, cases: list[Case], iterations: int, polling: bool
+) -> dict[int, dict[str, float]]:
     context = multiprocessing.get_context("spawn")
     conns, processes = [], []
     for role in ("decode", "prefill"):
         parent, child = context.Pipe()
-        process = context.Process(target=_peer, args=(child, role, _ucx_env(tls)), daemon=True)
+        process = context.Process(
+            target=_peer, args=(child, role, _ucx_env(tls), polling), daemon=True
+        )
         process.start()
         conns.append(parent)
         processes.append(process)
@@ -129,7 +135,7 @@ def bench_ucx(tls: str, cases: list[Case], iterations: int) -> dict[int, dict[st
             rows[case.prompt_tokens]["perftest_gbps"] = (before + after) / 2
         return rows
     finally:
-        for conn, process in zip(conns, processes, strict=True):
+        for conn, process in reversed(list(zip(conns, processes, strict=True))):  # prefill first
             if process.is_alive():
                 conn.send(("stop", ()))
             process.join(timeout=20)
@@ -149,7 +155,8 @@ def _ucx_case(decode: Connection, prefill: Connection, case: Case, n: int) -> di
         done, scatter_s = decode.recv()
         if i >= WARMUP:
             total.append(done - started)
-            wire.append(result.seconds - result.gather_seconds)
+            # posted on prefill (after the gather) -> seen complete on decode (before the scatter)
+            wire.append(done - scatter_s - started - result.gather_seconds)
             gather.append(result.gather_seconds)
             scatter.append(scatter_s)
     return {
@@ -238,8 +245,10 @@ def bench_grpc(cases: list[Case], iterations: int) -> dict[int, float]:
     options = [("grpc.max_send_message_length", GRPC_MAX_BYTES)]
     results = {}
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-        push = channel.unary_unary(GRPC_METHOD)
-        prepare = channel.unary_unary("/pdserve.bench.Kv/Prepare")
+        push: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(GRPC_METHOD)
+        prepare: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/pdserve.bench.Kv/Prepare"
+        )
         for case in cases:
             prepare(str(case.num_blocks).encode())
             seconds = []
@@ -260,16 +269,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--transports", default="sm,tcp")
     parser.add_argument("--prompt-tokens", default="100,1000")
+    parser.add_argument(
+        "--progress-polling", action="store_true", help="UcxConfig.progress_polling"
+    )
     args = parser.parse_args(argv)
     cases = [Case(int(n)) for n in args.prompt_tokens.split(",")]
     grpc_s = bench_grpc(cases, args.iterations)
     print(f"layout {LAYOUT}, block {LAYOUT.block_nbytes} B, median of {args.iterations}")
+    print(f"cpus {os.cpu_count()}, load average {os.getloadavg()} (a shared box skews every row)")
     print(
         "transport tokens    MB | perftest  wire  ratio "
         "| KV e2e ms  GB/s gather scatter | gRPC ms  GB/s | UCX/gRPC"
     )
     for transport in args.transports.split(","):
-        ucx = bench_ucx(TRANSPORTS[transport], cases, args.iterations)
+        ucx = bench_ucx(TRANSPORTS[transport], cases, args.iterations, args.progress_polling)
         for case in cases:
             row, g = ucx[case.prompt_tokens], grpc_s[case.prompt_tokens]
             perf = row["perftest_gbps"]
