@@ -1,0 +1,47 @@
+"""The router's settings, built once from flags (see `pdserve.router.main`) and passed down."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Tier(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    # `host:port,...` or `dns:///NAME:PORT`, one per tier.
+    prefill_targets: str
+    decode_targets: str
+    resolve_interval_seconds: float = 5.0
+    # Requests in flight in the router before new ones get RESOURCE_EXHAUSTED.
+    max_queue: int = 256
+    # Reserve + Prefill tries per request before the last failure goes to the client.
+    max_attempts: int = 3
+    load_poll_interval_seconds: float = 0.5
+    load_timeout_seconds: float = 0.25
+    # Best-effort Decode.Abort after a cancel, deadline or failure must not hold anything up.
+    abort_timeout_seconds: float = 1.0
+    max_stop_strings: int = 16
+    # Reported by Info until a decode worker's reservation tells the real one.
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_queue", "max_attempts", "max_stop_strings", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_flag(name)}: must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "resolve_interval_seconds",
+            "load_poll_interval_seconds",
+            "load_timeout_seconds",
+            "abort_timeout_seconds",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{_flag(name)}: must be > 0, got {getattr(self, name)}")
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")

@@ -1,0 +1,172 @@
+"""`pdserve router`: the public gRPC API in front of the prefill and decode tiers.
+
+Start-up: liveness SERVING at once; readiness (`pdserve.v1.Generation`) SERVING once the model's
+tokenizer is loaded and each tier has a worker that answered `Load`. SIGTERM: readiness
+NOT_SERVING, new calls refused, in-flight ones get --drain-grace-seconds, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdserve.core.cli_config import (
+    add_flag,
+    add_model_arguments,
+    add_server_arguments,
+    server_config_from_args,
+)
+from pdserve.core.model_source import resolve_model
+from pdserve.core.serving import ServerConfig, ServiceHost
+from pdserve.router.config import RouterConfig
+from pdserve.router.dispatch import Dispatcher
+from pdserve.router.registry import Registry
+from pdserve.router.servicer import SERVICE_NAME, RouterServicer
+from pdserve.router.targets import Resolver, parse_targets, resolve_dns
+from pdserve.router.validation import load_validator
+from pdserve.v1 import generation_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+ROUTER_PORT = 50051
+ROUTER_METRICS_PORT = 9100
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_server_arguments(parser, port=ROUTER_PORT, metrics_port=ROUTER_METRICS_PORT)
+    add_model_arguments(parser)
+    group = parser.add_argument_group("router")
+    defaults = RouterConfig(prefill_targets="", decode_targets="")
+    targets_help = "workers: host:port,... or dns:///NAME:PORT (one worker per A/AAAA record)"
+    add_flag(group, "--prefill", str, "127.0.0.1:50061", f"prefill {targets_help}")
+    add_flag(group, "--decode", str, "127.0.0.1:50071", f"decode {targets_help}")
+    add_flag(
+        group,
+        "--resolve-interval-seconds",
+        float,
+        defaults.resolve_interval_seconds,
+        "how often dns:/// worker names are re-resolved",
+    )
+    add_flag(
+        group,
+        "--max-queue",
+        int,
+        defaults.max_queue,
+        "requests in flight in the router before new ones get RESOURCE_EXHAUSTED",
+    )
+    add_flag(
+        group,
+        "--max-attempts",
+        int,
+        defaults.max_attempts,
+        "Reserve + Prefill tries per request when a worker fails before hand-off",
+    )
+    add_flag(
+        group,
+        "--load-poll-interval-seconds",
+        float,
+        defaults.load_poll_interval_seconds,
+        "how often every worker is asked for its Load (a failed poll marks it unhealthy)",
+    )
+
+
+def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
+    config = RouterConfig(
+        prefill_targets=args.prefill,
+        decode_targets=args.decode,
+        resolve_interval_seconds=args.resolve_interval_seconds,
+        max_queue=args.max_queue,
+        max_attempts=args.max_attempts,
+        load_poll_interval_seconds=args.load_poll_interval_seconds,
+    )
+    parse_targets("--prefill", config.prefill_targets)  # fail at start-up, not later
+    parse_targets("--decode", config.decode_targets)
+    return config
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    model: str | None
+    cache_dir: Path | None
+
+
+@dataclass(frozen=True)
+class Router:
+    """The parts of one router process, wired together."""
+
+    config: RouterConfig
+    host: ServiceHost
+    registry: Registry
+    dispatcher: Dispatcher
+    servicer: RouterServicer
+
+
+def build_router(
+    config: RouterConfig, server: ServerConfig, resolver: Resolver = resolve_dns
+) -> Router:
+    host = ServiceHost(server, SERVICE_NAME, [SERVICE_NAME])
+    registry = Registry(config, resolver)
+    dispatcher = Dispatcher(registry, config)
+    servicer = RouterServicer(dispatcher, config)
+    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, host.server)
+    return Router(config, host, registry, dispatcher, servicer)
+
+
+async def serve(router: Router, source: ModelSource) -> None:
+    """Serves until SIGTERM/SIGINT (or `router.host.request_stop()`), then drains."""
+    await router.host.start()
+    start_up = asyncio.create_task(_become_ready(router, source))
+    try:
+        await router.host.serve_until_signal()
+    finally:
+        start_up.cancel()
+        await router.dispatcher.wait_aborts()
+        await router.registry.close()
+    if start_up.done() and not start_up.cancelled():
+        error = start_up.exception()
+        if error is not None:
+            raise error
+
+
+async def _become_ready(router: Router, source: ModelSource) -> None:
+    try:
+        await router.registry.start()
+        model_dir = await asyncio.to_thread(resolve_model, source.model, source.cache_dir)
+        router.servicer.validator = await asyncio.to_thread(
+            load_validator, model_dir, router.config.max_stop_strings
+        )
+        while not router.registry.ready():
+            await asyncio.sleep(router.config.load_poll_interval_seconds)
+    except Exception:
+        log.exception("router: start-up failed")
+        router.host.request_stop()
+        raise
+    if not router.host.draining:
+        await router.host.set_ready(True)
+        log.info("router ready: tokenizer loaded, workers in both tiers answer")
+
+
+async def _build_and_serve(config: RouterConfig, server: ServerConfig, source: ModelSource) -> None:
+    # Built inside the running loop: grpc.aio and the health servicer bind to it.
+    await serve(build_router(config, server), source)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = router_config_from_args(args)
+        server = server_config_from_args(args)
+    except ValueError as error:
+        print(f"pdserve router: {error}", file=sys.stderr)
+        return 2
+    source = ModelSource(args.model, args.model_cache)
+    try:
+        asyncio.run(_build_and_serve(config, server, source))
+    except Exception as error:
+        print(f"pdserve router: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,58 @@
+"""The router's Prometheus metrics (served by ServiceHost on --metrics-port), in seconds."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Latency buckets from sub-millisecond (router overhead, fake tiers) to minutes (long outputs).
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+
+REQUESTS = Counter(
+    "pdserve_router_requests",
+    "Finished public API calls, by method and gRPC status code",
+    ["method", "code"],
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "pdserve_router_time_to_first_token_seconds",
+    "From arrival at the router to the first output token",
+    buckets=_LATENCY_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "pdserve_router_inter_token_latency_seconds",
+    "Gap between consecutive token deltas of one request, per token",
+    buckets=_LATENCY_BUCKETS,
+)
+END_TO_END_LATENCY = Histogram(
+    "pdserve_router_e2e_latency_seconds",
+    "From arrival at the router to the last output token (successful requests)",
+    buckets=_LATENCY_BUCKETS,
+)
+IN_FLIGHT = Gauge("pdserve_router_requests_in_flight", "Generate calls in flight in the router")
+RETRIES = Counter(
+    "pdserve_router_retries",
+    "Reserve + Prefill attempts retried after a worker failure, by the tier that failed",
+    ["tier"],
+)
+WORKERS = Gauge(
+    "pdserve_router_workers",
+    "Workers per tier: known (from flags or DNS) and healthy (answered the last Load poll)",
+    ["tier", "state"],
+)

@@ -1,0 +1,252 @@
+"""The workers of each tier: one grpc.aio channel each, their health and their last load.
+
+A worker enters from the flags or a DNS answer and answers `Load` every
+--load-poll-interval-seconds; one that fails a poll is unhealthy (never picked) until it answers
+again. A worker that leaves the DNS answer is no longer picked and its channel is closed once its
+in-flight calls have ended, so a scale-down never cuts a running request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
+
+import grpc
+
+from pdserve.router import metrics
+from pdserve.router.config import RouterConfig, Tier
+from pdserve.router.policy import WorkerLoad, least_loaded
+from pdserve.router.targets import DnsTargets, Resolver, StaticTargets, parse_targets, resolve_dns
+from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+if TYPE_CHECKING:
+    from pdserve.v1.decode_pb2_grpc import DecodeAsyncStub
+    from pdserve.v1.prefill_pb2_grpc import PrefillAsyncStub
+
+log = logging.getLogger(__name__)
+
+
+class LoadStub(Protocol):
+    @property
+    def Load(
+        self,
+    ) -> grpc.aio.UnaryUnaryMultiCallable[common_pb2.LoadRequest, common_pb2.LoadResponse]: ...
+
+
+StubT = TypeVar("StubT", bound=LoadStub)
+
+
+class NoHealthyWorkerError(RuntimeError):
+    def __init__(self, tier: Tier) -> None:
+        super().__init__(f"router: no healthy {tier.value} worker")
+        self.tier = tier
+
+
+@dataclass(eq=False)
+class Worker(Generic[StubT]):
+    address: str
+    channel: grpc.aio.Channel
+    stub: StubT
+    healthy: bool = False
+    report: common_pb2.LoadResponse | None = None
+    in_flight: int = 0
+    dispatched_since_poll: int = 0
+    removed: bool = False
+
+    def load(self) -> WorkerLoad:
+        report = self.report or common_pb2.LoadResponse()
+        return WorkerLoad(
+            num_waiting=report.num_waiting,
+            num_running=report.num_running,
+            num_free_blocks=report.num_free_blocks,
+            num_total_blocks=report.num_total_blocks,
+            dispatched_since_poll=self.dispatched_since_poll,
+        )
+
+
+class WorkerPool(Generic[StubT]):
+    """The workers of one tier."""
+
+    def __init__(
+        self, tier: Tier, make_stub: Callable[[grpc.aio.Channel], StubT], load_timeout: float
+    ) -> None:
+        self.tier = tier
+        self.workers: dict[str, Worker[StubT]] = {}
+        self._make_stub = make_stub
+        self._load_timeout = load_timeout
+        self._turn = 0
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def set_addresses(self, addresses: Iterable[str]) -> None:
+        wanted = set(addresses)
+        for address in wanted - self.workers.keys():
+            channel = grpc.aio.insecure_channel(address)
+            self.workers[address] = Worker(address, channel, self._make_stub(channel))
+            log.info("%s worker added: %s", self.tier.value, address)
+        for address in self.workers.keys() - wanted:
+            worker = self.workers[address]
+            if not worker.removed:
+                worker.removed = True
+                log.info("%s worker removed: %s", self.tier.value, address)
+            self._close_if_idle(worker)
+        self._update_gauges()
+
+    def pick(self, avoid: Collection[str] = ()) -> Worker[StubT]:
+        """The least-loaded healthy worker, preferring those not in `avoid` (already tried)."""
+        usable = [w for w in self.workers.values() if w.healthy and not w.removed]
+        fresh = [w for w in usable if w.address not in avoid]
+        candidates = sorted(fresh or usable, key=lambda worker: worker.address)
+        if not candidates:
+            raise NoHealthyWorkerError(self.tier)
+        self._turn += 1
+        chosen: Worker[StubT] = candidates[least_loaded([w.load() for w in candidates], self._turn)]
+        return chosen
+
+    def acquire(self, worker: Worker[StubT]) -> None:
+        """A request sent to `worker`: counts towards its load until the next poll."""
+        self.hold(worker)
+        worker.dispatched_since_poll += 1
+
+    def hold(self, worker: Worker[StubT]) -> None:
+        """Keeps `worker`'s channel open (even once it has left DNS) until `release`."""
+        worker.in_flight += 1
+
+    def release(self, worker: Worker[StubT]) -> None:
+        worker.in_flight -= 1
+        self._close_if_idle(worker)
+
+    def mark_unhealthy(self, worker: Worker[StubT]) -> None:
+        """After a connection failure: skip it until its next successful Load."""
+        worker.healthy = False
+        self._update_gauges()
+
+    def healthy_count(self) -> int:
+        return sum(1 for w in self.workers.values() if w.healthy and not w.removed)
+
+    def has_untried(self, tried: Collection[str]) -> bool:
+        return any(
+            w.healthy and not w.removed and w.address not in tried for w in self.workers.values()
+        )
+
+    async def poll(self) -> None:
+        workers = [w for w in self.workers.values() if not w.removed]
+        await asyncio.gather(*(self._poll_one(worker) for worker in workers))
+        self._update_gauges()
+
+    async def _poll_one(self, worker: Worker[StubT]) -> None:
+        try:
+            report = await worker.stub.Load(common_pb2.LoadRequest(), timeout=self._load_timeout)
+        except grpc.aio.AioRpcError as error:
+            if worker.healthy:
+                log.warning("%s worker %s unhealthy: %s", self.tier.value, worker.address, error)
+            worker.healthy = False
+            return
+        if not worker.healthy:
+            log.info("%s worker %s healthy", self.tier.value, worker.address)
+        worker.report, worker.healthy, worker.dispatched_since_poll = report, True, 0
+
+    def _close_if_idle(self, worker: Worker[StubT]) -> None:
+        if worker.removed and worker.in_flight == 0 and self.workers.get(worker.address) is worker:
+            del self.workers[worker.address]
+            task = asyncio.get_running_loop().create_task(worker.channel.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _update_gauges(self) -> None:
+        known = sum(1 for w in self.workers.values() if not w.removed)
+        metrics.WORKERS.labels(self.tier.value, "known").set(known)
+        metrics.WORKERS.labels(self.tier.value, "healthy").set(self.healthy_count())
+
+    async def close(self) -> None:
+        for worker in list(self.workers.values()):
+            await worker.channel.close()
+        self.workers.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _prefill_stub(channel: grpc.aio.Channel) -> PrefillAsyncStub:
+    # cast: the generated overloads pick the async stub only where grpc itself is typed.
+    return cast("PrefillAsyncStub", prefill_pb2_grpc.PrefillStub(channel))
+
+
+def _decode_stub(channel: grpc.aio.Channel) -> DecodeAsyncStub:
+    return cast("DecodeAsyncStub", decode_pb2_grpc.DecodeStub(channel))
+
+
+class Registry:
+    """Both tiers' pools, kept current by a DNS re-resolve loop and a Load poll loop."""
+
+    def __init__(self, config: RouterConfig, resolver: Resolver = resolve_dns) -> None:
+        self.config = config
+        self.prefill: WorkerPool[PrefillAsyncStub] = WorkerPool(
+            Tier.PREFILL, _prefill_stub, config.load_timeout_seconds
+        )
+        self.decode: WorkerPool[DecodeAsyncStub] = WorkerPool(
+            Tier.DECODE, _decode_stub, config.load_timeout_seconds
+        )
+        self._targets = {
+            Tier.PREFILL: parse_targets("--prefill", config.prefill_targets),
+            Tier.DECODE: parse_targets("--decode", config.decode_targets),
+        }
+        self._resolver = resolver
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Resolves and polls once, then keeps doing both in the background."""
+        await self.refresh()
+        await self.poll()
+        self._tasks = [
+            asyncio.create_task(_every(self.config.load_poll_interval_seconds, self.poll)),
+        ]
+        if any(isinstance(targets, DnsTargets) for targets in self._targets.values()):
+            interval = self.config.resolve_interval_seconds
+            self._tasks.append(asyncio.create_task(_every(interval, self.refresh)))
+
+    async def refresh(self) -> None:
+        await self._refresh_pool(self.prefill, self._targets[Tier.PREFILL])
+        await self._refresh_pool(self.decode, self._targets[Tier.DECODE])
+
+    async def _refresh_pool(
+        self, pool: WorkerPool[StubT], targets: StaticTargets | DnsTargets
+    ) -> None:
+        if isinstance(targets, StaticTargets):
+            pool.set_addresses(targets.addresses)
+            return
+        try:
+            addresses = await self._resolver(targets.host, targets.port)
+        except OSError as error:
+            # A DNS hiccup must not drop every worker; dead ones fail their Load poll anyway.
+            log.warning(
+                "resolving %s failed, keeping %d workers: %s",
+                targets.host,
+                len(pool.workers),
+                error,
+            )
+            return
+        pool.set_addresses(addresses)
+
+    async def poll(self) -> None:
+        await asyncio.gather(self.prefill.poll(), self.decode.poll())
+
+    def ready(self) -> bool:
+        """At least one healthy worker in each tier."""
+        return self.prefill.healthy_count() > 0 and self.decode.healthy_count() > 0
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.prefill.close()
+        await self.decode.close()
+
+
+async def _every(interval: float, action: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await action()
+        except Exception:  # one bad round must not end the loop for good
+            log.exception("registry: background %s failed", getattr(action, "__name__", action))

@@ -1,0 +1,212 @@
+"""Fake prefill and decode tiers on real grpc.aio servers, for the router's tests and benchmark.
+
+They follow the internal contract's shapes and codes (Reserve -> Prefill -> Generate, Abort,
+Load) but do no model work: prefill answers FIRST_TOKEN_ID at once, decode streams
+`FIRST_TOKEN_ID, 1, 2, ...` until max_tokens. Each records what it was asked, so a test can
+check what the router sent (Aborts, cancels, prompts), and can be told to fail or to stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import grpc
+
+from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+
+FIRST_TOKEN_ID = 42
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+@dataclass(frozen=True)
+class Failure:
+    code: grpc.StatusCode
+    message: str
+
+
+@dataclass
+class Knobs:
+    """What a fake does; tests change these between calls."""
+
+    delay_seconds: float = 0.0  # before answering Reserve / Prefill, or between tokens
+    failures: list[Failure] = field(default_factory=list)  # answered to the next calls, in order
+    load: common_pb2.LoadResponse = field(default_factory=common_pb2.LoadResponse)
+    load_fails: bool = False
+
+
+# unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
+class FakePrefill(prefill_pb2_grpc.PrefillServicer):  # type: ignore[misc, unused-ignore]
+    def __init__(self) -> None:
+        self.knobs = Knobs()
+        self.calls: list[prefill_pb2.PrefillRequest] = []
+        self.cancelled: list[str] = []
+        self.time_remaining: list[float | None] = []  # each call's deadline, as received
+
+    async def Prefill(
+        self, request: prefill_pb2.PrefillRequest, context: Context
+    ) -> prefill_pb2.PrefillResult:
+        self.calls.append(request)
+        self.time_remaining.append(context.time_remaining())
+        await _fail_or_wait(self.knobs, context, self.cancelled, request.request_id)
+        return prefill_pb2.PrefillResult(
+            first_token_id=FIRST_TOKEN_ID,
+            kv_bytes_sent=len(request.prompt_token_ids) * 1024,
+            timings=prefill_pb2.PrefillTimings(
+                queue_seconds=0.001, prefill_seconds=0.002, transfer_seconds=0.003
+            ),
+        )
+
+    async def Load(
+        self, request: common_pb2.LoadRequest, context: Context
+    ) -> common_pb2.LoadResponse:
+        return await _load(self.knobs, context)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    token: bytes
+    request: decode_pb2.ReserveRequest
+
+
+# unused-ignore: as above.
+class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-ignore]
+    def __init__(self) -> None:
+        self.knobs = Knobs()
+        self.reservations: dict[str, Reservation] = {}
+        self.reserves: list[decode_pb2.ReserveRequest] = []
+        self.aborts: list[str] = []
+        self.cancelled: list[str] = []
+
+    async def Reserve(
+        self, request: decode_pb2.ReserveRequest, context: Context
+    ) -> common_pb2.TransferDescriptor:
+        self.reserves.append(request)
+        await _fail_or_wait(self.knobs, context, self.cancelled, request.request_id)
+        if request.request_id in self.reservations:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, "request_id: already reserved")
+        token = secrets.token_bytes(16)
+        self.reservations[request.request_id] = Reservation(token, request)
+        return common_pb2.TransferDescriptor(
+            request_id=request.request_id,
+            worker_address=b"fake-ucx-address",
+            block_ids=list(range((len(request.prompt_token_ids) + 15) // 16)),
+            layout=common_pb2.KVLayout(
+                num_layers=2, num_kv_heads=1, head_dim=8, block_size=16, dtype="float32"
+            ),
+            transfer_token=token,
+        )
+
+    async def Generate(
+        self, request: decode_pb2.DecodeRequest, context: Context
+    ) -> AsyncIterator[decode_pb2.TokenDelta]:
+        reservation = self.reservations.get(request.request_id)
+        if reservation is None or reservation.token != request.transfer_token:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "request_id: no such reservation")
+            return
+        try:
+            async for delta in self._deltas(request, reservation):
+                yield delta
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+        finally:
+            self.reservations.pop(request.request_id, None)
+
+    async def _deltas(
+        self, request: decode_pb2.DecodeRequest, reservation: Reservation
+    ) -> AsyncIterator[decode_pb2.TokenDelta]:
+        max_tokens = reservation.request.sampling.max_tokens or 16
+        tokens = [request.first_token_id, *range(1, max_tokens)]
+        for index, token in enumerate(tokens):
+            if index > 0 and self.knobs.delay_seconds:
+                await asyncio.sleep(self.knobs.delay_seconds)
+            last = index == len(tokens) - 1
+            delta = decode_pb2.TokenDelta(
+                request_id=request.request_id, token_ids=[token], text=f"<{token}>"
+            )
+            if last:
+                delta.finish_reason = common_pb2.FINISH_REASON_LENGTH
+                delta.usage.prompt_tokens = len(reservation.request.prompt_token_ids)
+                delta.usage.completion_tokens = len(tokens)
+                delta.timings.decode_seconds = 0.004
+            yield delta
+
+    async def Release(
+        self, request: decode_pb2.ReleaseRequest, context: Context
+    ) -> decode_pb2.ReleaseResponse:
+        released = self.reservations.pop(request.request_id, None) is not None
+        return decode_pb2.ReleaseResponse(released=released)
+
+    async def Abort(
+        self, request: decode_pb2.AbortRequest, context: Context
+    ) -> decode_pb2.AbortResponse:
+        self.aborts.append(request.request_id)
+        aborted = self.reservations.pop(request.request_id, None) is not None
+        return decode_pb2.AbortResponse(aborted=aborted)
+
+    async def Load(
+        self, request: common_pb2.LoadRequest, context: Context
+    ) -> common_pb2.LoadResponse:
+        return await _load(self.knobs, context)
+
+
+async def _fail_or_wait(knobs: Knobs, context: Context, cancelled: list[str], key: str) -> None:
+    if knobs.failures:
+        failure = knobs.failures.pop(0)
+        await context.abort(failure.code, failure.message)
+    if knobs.delay_seconds:
+        try:
+            await asyncio.sleep(knobs.delay_seconds)
+        except asyncio.CancelledError:
+            cancelled.append(key)
+            raise
+
+
+async def _load(knobs: Knobs, context: Context) -> common_pb2.LoadResponse:
+    if knobs.load_fails:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "fake: load fails")
+    return knobs.load
+
+
+@dataclass
+class FakeTiers:
+    """Fake workers on 127.0.0.1, each on its own grpc.aio server in the running loop."""
+
+    prefill: list[FakePrefill]
+    decode: list[FakeDecode]
+    prefill_addresses: list[str]
+    decode_addresses: list[str]
+    servers: list[grpc.aio.Server]
+
+
+@contextlib.asynccontextmanager
+async def fake_tiers(num_prefill: int = 1, num_decode: int = 1) -> AsyncIterator[FakeTiers]:
+    tiers = FakeTiers([], [], [], [], [])
+    try:
+        for _ in range(num_prefill):
+            prefill = FakePrefill()
+            address = await _serve(tiers, prefill_pb2_grpc.add_PrefillServicer_to_server, prefill)
+            tiers.prefill.append(prefill)
+            tiers.prefill_addresses.append(address)
+        for _ in range(num_decode):
+            decode = FakeDecode()
+            address = await _serve(tiers, decode_pb2_grpc.add_DecodeServicer_to_server, decode)
+            tiers.decode.append(decode)
+            tiers.decode_addresses.append(address)
+        yield tiers
+    finally:
+        await asyncio.gather(*(server.stop(None) for server in tiers.servers))
+
+
+async def _serve(tiers: FakeTiers, add: Any, servicer: Any) -> str:
+    server = grpc.aio.server()
+    add(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    tiers.servers.append(server)
+    return f"127.0.0.1:{port}"

@@ -1,0 +1,141 @@
+"""Checks a public GenerateRequest once, at the door, so workers only see valid requests.
+
+Every refusal is an InvalidRequestError whose message starts with the proto field's name
+(`prompt`, `prompt_token_ids`, `sampling.max_tokens`, `request_id`, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pdserve.core.model_config import load_model_config
+from pdserve.core.proto_convert import sampling_from_proto, sampling_to_proto
+from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.v1 import common_pb2, generation_pb2
+
+# Longer texts are tokenized off the event loop so one big prompt does not stall every stream.
+_INLINE_TOKENIZE_CHARS = 4096
+MAX_REQUEST_ID_CHARS = 256
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    model_name: str
+    vocab_size: int
+    max_position: int
+    eos_token_ids: tuple[int, ...]
+    max_stop_strings: int
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, max_stop_strings: int) -> ModelLimits:
+        config = load_model_config(model_dir)
+        return cls(
+            model_name=model_dir.name,
+            vocab_size=config.vocab_size,
+            max_position=config.max_position,
+            eos_token_ids=config.eos_token_ids,
+            max_stop_strings=max_stop_strings,
+        )
+
+
+@dataclass(frozen=True)
+class ValidatedRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    # Normalized: defaults filled in (max_tokens, top_p), so both tiers read the same values.
+    sampling: common_pb2.SamplingParams
+    priority: int
+
+
+def load_validator(model_dir: Path, max_stop_strings: int) -> RequestValidator:
+    """The model's own tokenizer (what the workers detokenize with) and limits; slow (imports
+    transformers), so the router runs it off the event loop."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return RequestValidator(tokenizer, ModelLimits.from_model_dir(model_dir, max_stop_strings))
+
+
+class RequestValidator:
+    def __init__(self, tokenizer: Tokenizer, limits: ModelLimits) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+
+    async def validate(self, request: generation_pb2.GenerateRequest) -> ValidatedRequest:
+        request_id = self._request_id(request)
+        params = sampling_from_proto(request.sampling, request.priority)
+        if len(params.stop) > self.limits.max_stop_strings:
+            raise InvalidRequestError(
+                "sampling.stop",
+                f"at most {self.limits.max_stop_strings} stop strings, got {len(params.stop)}",
+            )
+        prompt_ids = await self._prompt_token_ids(request)
+        self._check_length(request, len(prompt_ids), params.max_tokens)
+        return ValidatedRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            sampling=sampling_to_proto(params),
+            priority=request.priority,
+        )
+
+    def _request_id(self, request: generation_pb2.GenerateRequest) -> str:
+        if not request.HasField("request_id"):
+            return uuid.uuid4().hex
+        if not request.request_id:
+            raise InvalidRequestError("request_id", "must not be empty when set")
+        if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidRequestError(
+                "request_id",
+                f"at most {MAX_REQUEST_ID_CHARS} characters, got {len(request.request_id)}",
+            )
+        request_id: str = request.request_id
+        return request_id
+
+    async def _prompt_token_ids(self, request: generation_pb2.GenerateRequest) -> tuple[int, ...]:
+        which = request.WhichOneof("input")
+        if which == "prompt_token_ids":
+            ids = tuple(request.prompt_token_ids.ids)
+            if not ids:
+                raise InvalidRequestError("prompt_token_ids", "must not be empty")
+            too_big = [token for token in ids if token >= self.limits.vocab_size]
+            if too_big:
+                raise InvalidRequestError(
+                    "prompt_token_ids",
+                    f"every id must be below the vocabulary size {self.limits.vocab_size}, "
+                    f"got {too_big[:5]}",
+                )
+            return ids
+        if which is None or not request.prompt:
+            raise InvalidRequestError(
+                "prompt", "must not be empty (set prompt or prompt_token_ids)"
+            )
+        return tuple(await self._encode(request.prompt))
+
+    async def _encode(self, text: str) -> list[int]:
+        if len(text) <= _INLINE_TOKENIZE_CHARS:
+            return list(self.tokenizer.encode(text))
+        return list(await asyncio.to_thread(self.tokenizer.encode, text))
+
+    def _check_length(
+        self, request: generation_pb2.GenerateRequest, prompt_len: int, max_tokens: int
+    ) -> None:
+        context = self.limits.max_position
+        if prompt_len >= context:
+            field = request.WhichOneof("input") or "prompt"
+            raise InvalidRequestError(
+                field, f"{prompt_len} tokens leave no room in the model's context of {context}"
+            )
+        if prompt_len + max_tokens > context:
+            raise InvalidRequestError(
+                "sampling.max_tokens",
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                f"context of {context} tokens",
+            )

@@ -1,0 +1,91 @@
+"""Bad requests get INVALID_ARGUMENT naming the field, before any worker is asked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.router.validation import RequestValidator
+from pdserve.v1 import common_pb2, generation_pb2
+
+VOCAB = 49152
+CONTEXT = 8192  # SmolLM2-135M's max_position_embeddings
+
+
+def request(**fields: Any) -> generation_pb2.GenerateRequest:
+    return generation_pb2.GenerateRequest(**fields)
+
+
+def ids(*token_ids: int, **fields: Any) -> generation_pb2.GenerateRequest:
+    return request(prompt_token_ids=common_pb2.TokenIds(ids=list(token_ids)), **fields)
+
+
+BAD_REQUESTS = [
+    (request(), "prompt"),
+    (request(prompt=""), "prompt"),
+    (ids(), "prompt_token_ids"),
+    (ids(1, VOCAB), "prompt_token_ids"),
+    (ids(*range(CONTEXT)), "prompt_token_ids"),
+    (ids(1, 2, sampling=common_pb2.SamplingParams(max_tokens=CONTEXT - 1)), "sampling.max_tokens"),
+    (
+        request(prompt="hi", sampling=common_pb2.SamplingParams(temperature=-1)),
+        "sampling.temperature",
+    ),
+    (request(prompt="hi", sampling=common_pb2.SamplingParams(top_p=1.5)), "sampling.top_p"),
+    (request(prompt="hi", sampling=common_pb2.SamplingParams(top_k=-2)), "sampling.top_k"),
+    (request(prompt="hi", sampling=common_pb2.SamplingParams(stop=["a"] * 5)), "sampling.stop"),
+    (request(prompt="hi", sampling=common_pb2.SamplingParams(stop=[""])), "sampling.stop"),
+    (request(prompt="hi", request_id=""), "request_id"),
+    (request(prompt="hi", request_id="x" * 300), "request_id"),
+]
+
+
+@pytest.mark.parametrize(("bad", "field"), BAD_REQUESTS)
+def test_validator_names_the_field(
+    validator: RequestValidator, bad: generation_pb2.GenerateRequest, field: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        asyncio.run(validator.validate(bad))
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}: ")
+
+
+def test_valid_request_is_normalized(validator: RequestValidator) -> None:
+    valid = asyncio.run(validator.validate(request(prompt="Hello world", priority=3)))
+    assert valid.prompt_token_ids == tuple(validator.tokenizer.encode("Hello world"))
+    assert valid.sampling.max_tokens == 16  # the documented default, filled in for the workers
+    assert valid.sampling.top_p == 1.0
+    assert valid.priority == 3
+    assert len(valid.request_id) == 32  # a fresh uuid4 hex
+
+
+def test_long_prompt_is_tokenized_off_the_loop_the_same(validator: RequestValidator) -> None:
+    text = "lorem ipsum dolor " * 400
+    valid = asyncio.run(validator.validate(request(prompt=text)))
+    assert valid.prompt_token_ids == tuple(validator.tokenizer.encode(text))
+
+
+def test_server_answers_invalid_argument_and_asks_no_worker(router_stack: Any) -> None:
+    labels = {"method": "Generate", "code": "INVALID_ARGUMENT"}
+    before = REGISTRY.get_sample_value("pdserve_router_requests_total", labels) or 0.0
+
+    async def body() -> None:
+        async with router_stack() as stack:
+            for bad, field in BAD_REQUESTS:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stack.client.generate(bad, timeout=10)
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert (caught.value.details() or "").startswith(f"{field}: ")
+            assert stack.tiers.decode[0].reserves == []
+            # The server keeps serving after all those refusals.
+            reply = await stack.client.generate(ids(1, 2), timeout=10)
+            assert reply.finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+    asyncio.run(body())
+    after = REGISTRY.get_sample_value("pdserve_router_requests_total", labels)
+    assert after == before + len(BAD_REQUESTS)
