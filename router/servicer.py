@@ -87,7 +87,10 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
         try:
             yield
         except (asyncio.CancelledError, GeneratorExit):
-            code = grpc.StatusCode.CANCELLED
+            # gRPC cancels the handler both when the client cancels and when its deadline passes.
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
             raise
         except Exception as error:
             code, message = to_status(error)

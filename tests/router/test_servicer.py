@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from pdserve.client import build_request
 from pdserve.router.testing import FIRST_TOKEN_ID, Failure
@@ -14,6 +15,11 @@ from pdserve.router.validation import RequestValidator
 from pdserve.v1 import common_pb2
 
 PROMPT = "The capital of France is"
+
+
+def _count(method: str, code: str) -> float:
+    labels = {"method": method, "code": code}
+    return REGISTRY.get_sample_value("pdserve_router_requests_total", labels) or 0.0
 
 
 def sampling(**fields: Any) -> common_pb2.SamplingParams:
@@ -167,7 +173,9 @@ def test_client_cancel_cancels_decode_and_aborts(router_stack: Any, wait_for: An
             await wait_for(lambda: "gone" in decode.cancelled and "gone" in decode.aborts)
             assert decode.reservations == {}
 
+    before = _count("GenerateStream", "CANCELLED")
     asyncio.run(body())
+    assert _count("GenerateStream", "CANCELLED") == before + 1
 
 
 def test_client_cancel_during_prefill_reaches_prefill_and_decode(
@@ -199,10 +207,12 @@ def test_deadline_becomes_downstream_timeouts_and_deadline_exceeded(
                 await stack.client.generate(request, timeout=0.5)
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             (remaining,) = prefill.time_remaining
-            assert remaining is not None and 0 < remaining <= 0.5
+            assert remaining is not None and 0 < remaining < 0.6  # the client's 0.5 s, passed on
             await wait_for(lambda: "late" in prefill.cancelled and "late" in decode.aborts)
 
+    before = _count("Generate", "DEADLINE_EXCEEDED")
     asyncio.run(body())
+    assert _count("Generate", "DEADLINE_EXCEEDED") == before + 1
 
 
 def test_deadline_during_decode_cancels_the_stream(router_stack: Any, wait_for: Any) -> None:
@@ -216,7 +226,9 @@ def test_deadline_during_decode_cancels_the_stream(router_stack: Any, wait_for: 
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             await wait_for(lambda: "slow" in decode.cancelled and "slow" in decode.aborts)
 
+    before = _count("Generate", "DEADLINE_EXCEEDED")
     asyncio.run(body())
+    assert _count("Generate", "DEADLINE_EXCEEDED") == before + 1
 
 
 def test_max_queue_answers_resource_exhausted_at_once(router_stack: Any) -> None:
