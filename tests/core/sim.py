@@ -1,0 +1,214 @@
+"""A model-free engine loop for property tests: the scheduler's plans run against fake KV memory.
+
+`FakeRunner` stands in for ModelRunner. Every slot of every device and swap block records whose KV
+it holds, as (request id, token position). A step applies the plan in the runner's order: all
+swap-out copies, then all swap-in copies, then the forward, which writes the KV of every scheduled
+token and then lets every scheduled request read positions 0 .. start + num_new - 1 through its
+block table (write_kv runs before attention in every layer, so all writes precede all reads). A
+read that does not find the request's own KV means a block was lost, shared or overwritten.
+
+`Simulation` drives a scheduler the way LLMEngine does: arrivals and aborts between steps, then
+schedule, run, `num_computed_tokens += n`, one sampled token for each request that caught up, and
+a finish on max_tokens (or on a scripted stop token). The invariants live in the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdserve.core.config import EngineConfig
+from pdserve.core.request import Request, RequestStatus
+from pdserve.core.sampling_params import SamplingParams
+from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
+
+SlotKV = tuple[str, int] | None  # (request id, position) whose KV a slot holds; None: never written
+
+
+class KVMismatchError(AssertionError):
+    """A request read KV that is not its own: a lost swap, a shared block or a stale block."""
+
+
+class FakeRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.block_size = config.block_size
+        self.device: list[list[SlotKV]] = _blocks(config.num_kv_blocks, config.block_size)
+        self.swap: list[list[SlotKV]] = _blocks(config.num_swap_blocks, config.block_size)
+
+    def execute(self, output: SchedulerOutput, chunks: Sequence[Chunk]) -> None:
+        """Runs one plan: the copies, then the forward's KV writes, then its reads."""
+        self._copy(output.swap_out, self.device, self.swap)
+        self._copy(output.swap_in, self.swap, self.device)
+        for chunk in chunks:
+            request, end = chunk.request, chunk.start + chunk.num_new
+            needed = blocks_for(end, self.block_size)
+            if len(request.block_ids) < needed:
+                raise AssertionError(
+                    f"request {request.request_id} scheduled up to {end} tokens "
+                    f"with {len(request.block_ids)} blocks, needs {needed}"
+                )
+            for position in range(chunk.start, end):
+                self._set(self.device, request.block_ids, position, (request.request_id, position))
+        for chunk in chunks:
+            end = chunk.start + chunk.num_new
+            self.check_holds(self.device, chunk.request, chunk.request.block_ids, end)
+
+    def check_holds(
+        self, memory: list[list[SlotKV]], request: Request, block_ids: list[int], num_positions: int
+    ) -> None:
+        """Positions 0 .. num_positions - 1 of `request`, read through `block_ids`, are its own."""
+        for position in range(num_positions):
+            block = block_ids[position // self.block_size]
+            found = memory[block][position % self.block_size]
+            if found != (request.request_id, position):
+                raise KVMismatchError(
+                    f"request {request.request_id} position {position} in block {block} "
+                    f"holds {found}"
+                )
+
+    def _copy(
+        self, pairs: Sequence[tuple[int, int]], src: list[list[SlotKV]], dst: list[list[SlotKV]]
+    ) -> None:
+        if pairs and not self.swap:
+            raise RuntimeError("scheduler asked for a swap but the engine has no swap space")
+        # copy_blocks gathers every source before it scatters, like this snapshot.
+        data = [list(src[src_id]) for src_id, _ in pairs]
+        for (_, dst_id), blocks in zip(pairs, data, strict=True):
+            dst[dst_id] = blocks
+
+    def _set(self, memory: list[list[SlotKV]], ids: list[int], position: int, kv: SlotKV) -> None:
+        memory[ids[position // self.block_size]][position % self.block_size] = kv
+
+
+def _blocks(count: int, block_size: int) -> list[list[SlotKV]]:
+    return [[None] * block_size for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One scripted request: when it arrives, how long it is, how it ends."""
+
+    step: int
+    prompt_len: int
+    max_tokens: int
+    priority: int = 0
+    stop_after: int | None = None  # a stop token is sampled as output token number `stop_after`
+    abort_after: int | None = None  # aborted this many steps after arriving (between steps)
+
+
+@dataclass(frozen=True)
+class Finish:
+    status: RequestStatus
+    num_output_tokens: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One request's share of a step, as it stood when the plan was made."""
+
+    request: Request
+    start: int  # num_computed_tokens before the step
+    num_new: int
+    num_tokens: int  # prompt + output before the step
+
+    @property
+    def completes(self) -> bool:
+        """Whether the request catches up this step, so its next token is sampled."""
+        return self.start + self.num_new == self.num_tokens
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step started from and planned: the input of the per-step checks."""
+
+    running_before: tuple[Request, ...]
+    running_after: tuple[Request, ...]  # right after schedule(), before any request finished
+    output: SchedulerOutput
+    chunks: tuple[Chunk, ...]
+
+
+class Simulation:
+    def __init__(
+        self,
+        config: EngineConfig,
+        arrivals: Sequence[Arrival],
+        scheduler_class: type[Scheduler] = Scheduler,
+    ) -> None:
+        self.config = config
+        self.arrivals = list(arrivals)
+        self.scheduler = scheduler_class(config)
+        self.runner = FakeRunner(config)
+        self.requests: dict[str, Request] = {}  # arrived and unfinished, by id
+        self.all_requests: dict[str, Request] = {}
+        self.finished: dict[str, Finish] = {}
+        self.steps: list[StepRecord] = []
+
+    @property
+    def step_index(self) -> int:
+        return len(self.steps)
+
+    def has_work(self) -> bool:
+        last_arrival = max((arrival.step for arrival in self.arrivals), default=-1)
+        return self.step_index <= last_arrival or self.scheduler.has_unfinished()
+
+    def step(self) -> StepRecord:
+        self._arrive_and_abort()
+        running_before = tuple(self.scheduler.running)
+        output = self.scheduler.schedule()
+        chunks = tuple(
+            Chunk(request, request.num_computed_tokens, num_new, request.num_tokens)
+            for request, num_new in (
+                (self.requests[rid], num_new)
+                for rid, num_new in output.num_scheduled_tokens.items()
+            )
+        )
+        record = StepRecord(running_before, tuple(self.scheduler.running), output, chunks)
+        self.runner.execute(output, chunks)
+        for chunk in chunks:
+            chunk.request.num_computed_tokens += chunk.num_new
+        for chunk in chunks:
+            if chunk.completes:
+                self._append_sampled(chunk.request)
+        self.steps.append(record)
+        return record
+
+    def arrival_of(self, request: Request) -> Arrival:
+        order: int = request.arrival_order
+        return self.arrivals[order]
+
+    def _arrive_and_abort(self) -> None:
+        for order, arrival in enumerate(self.arrivals):
+            request_id = str(order)
+            if arrival.step == self.step_index:
+                prompt = [order * 1000 + i for i in range(arrival.prompt_len)]
+                params = SamplingParams(max_tokens=arrival.max_tokens, priority=arrival.priority)
+                request = Request(request_id, prompt, params, order, float(arrival.step))
+                self.requests[request_id] = self.all_requests[request_id] = request
+                self.scheduler.add(request)
+            if (
+                arrival.abort_after is not None
+                and arrival.step + arrival.abort_after == self.step_index
+                and request_id in self.requests
+            ):
+                self._finish(self.requests[request_id], RequestStatus.FINISHED_ABORTED)
+
+    def _append_sampled(self, request: Request) -> None:
+        arrival = self.arrival_of(request)
+        request.output_token_ids.append(len(request.output_token_ids))
+        num_output = len(request.output_token_ids)
+        if num_output == arrival.stop_after:
+            self._finish(request, RequestStatus.FINISHED_STOPPED)
+        elif num_output >= arrival.max_tokens:
+            self._finish(request, RequestStatus.FINISHED_LENGTH)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.request_id in self.finished:
+            raise AssertionError(f"request {request.request_id} finished twice")
+        self.scheduler.finish(request, status)
+        assert request.status is status
+        assert not request.block_ids and not request.swap_block_ids
+        del self.requests[request.request_id]
+        self.finished[request.request_id] = Finish(
+            status, len(request.output_token_ids), self.step_index
+        )
