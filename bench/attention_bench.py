@@ -96,6 +96,8 @@ def candidates(case: PagedAttentionCase, device: torch.device) -> dict[str, Call
 
 def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     case = build_case(args, device)
     kv_bytes = 2 * int(case.context_lens.sum()) * args.kv_heads * args.head_dim
     kv_bytes *= case.k_cache.element_size()
@@ -123,6 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     parser.add_argument("--device", default=default_device)
 
