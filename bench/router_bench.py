@@ -65,13 +65,41 @@ def serve_fakes(address_file: Path) -> None:
     asyncio.run(body())
 
 
+class TierStubs:
+    """Stubs to one fake prefill and one fake decode worker."""
+
+    def __init__(self, prefill_target: str, decode_target: str) -> None:
+        self.prefill = prefill_pb2_grpc.PrefillStub(grpc.aio.insecure_channel(prefill_target))
+        self.decode = decode_pb2_grpc.DecodeStub(grpc.aio.insecure_channel(decode_target))
+
+    async def generate(
+        self, request_id: str, ids: list[int], sampling: common_pb2.SamplingParams
+    ) -> list[int]:
+        """What the router does for one request, minus everything else it does."""
+        reserve = decode_pb2.ReserveRequest(
+            request_id=request_id, prompt_token_ids=ids, sampling=sampling
+        )
+        descriptor = await self.decode.Reserve(reserve)
+        prefill = prefill_pb2.PrefillRequest(
+            request_id=request_id, prompt_token_ids=ids, sampling=sampling, destination=descriptor
+        )
+        result = await self.prefill.Prefill(prefill)
+        generate = decode_pb2.DecodeRequest(
+            request_id=request_id,
+            transfer_token=descriptor.transfer_token,
+            first_token_id=result.first_token_id,
+        )
+        return [
+            token async for delta in self.decode.Generate(generate) for token in delta.token_ids
+        ]
+
+
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
 class BareRelay(generation_pb2_grpc.GenerationServicer):  # type: ignore[misc, unused-ignore]
     """Reserve -> Prefill -> Generate per call and nothing else: the floor of a gRPC hop."""
 
     def __init__(self, prefill_target: str, decode_target: str) -> None:
-        self.prefill = prefill_pb2_grpc.PrefillStub(grpc.aio.insecure_channel(prefill_target))
-        self.decode = decode_pb2_grpc.DecodeStub(grpc.aio.insecure_channel(decode_target))
+        self.tiers = TierStubs(prefill_target, decode_target)
         self.count = 0
 
     async def Generate(
@@ -80,28 +108,8 @@ class BareRelay(generation_pb2_grpc.GenerationServicer):  # type: ignore[misc, u
         self.count += 1
         request_id = f"relay-{self.count}"
         ids = list(request.prompt_token_ids.ids)
-        descriptor = await self.decode.Reserve(
-            decode_pb2.ReserveRequest(
-                request_id=request_id, prompt_token_ids=ids, sampling=request.sampling
-            )
-        )
-        result = await self.prefill.Prefill(
-            prefill_pb2.PrefillRequest(
-                request_id=request_id,
-                prompt_token_ids=ids,
-                sampling=request.sampling,
-                destination=descriptor,
-            )
-        )
-        reply = generation_pb2.GenerateResponse(request_id=request_id)
-        generate = decode_pb2.DecodeRequest(
-            request_id=request_id,
-            transfer_token=descriptor.transfer_token,
-            first_token_id=result.first_token_id,
-        )
-        async for delta in self.decode.Generate(generate):
-            reply.token_ids.extend(delta.token_ids)
-        return reply
+        tokens = await self.tiers.generate(request_id, ids, request.sampling)
+        return generation_pb2.GenerateResponse(request_id=request_id, token_ids=tokens)
 
 
 def serve_relay(port: int, prefill_target: str, decode_target: str) -> None:
@@ -191,33 +199,13 @@ async def _wait_ready(target: str, timeout: float) -> None:
 
 
 def _direct_path(prefill_target: str, decode_target: str, max_tokens: int) -> Timed:
-    """What the router does for one request, done by the client itself."""
-    prefill = prefill_pb2_grpc.PrefillStub(grpc.aio.insecure_channel(prefill_target))
-    decode = decode_pb2_grpc.DecodeStub(grpc.aio.insecure_channel(decode_target))
+    """The router's calls for one request, made by the client itself."""
+    tiers = TierStubs(prefill_target, decode_target)
     sampling = common_pb2.SamplingParams(max_tokens=max_tokens, top_p=1.0)
     counter = iter(range(1 << 62))
 
     async def once() -> None:
-        request_id = f"direct-{next(counter)}"
-        reserve = decode_pb2.ReserveRequest(
-            request_id=request_id, prompt_token_ids=PROMPT_IDS, sampling=sampling
-        )
-        descriptor = await decode.Reserve(reserve)
-        result = await prefill.Prefill(
-            prefill_pb2.PrefillRequest(
-                request_id=request_id,
-                prompt_token_ids=PROMPT_IDS,
-                sampling=sampling,
-                destination=descriptor,
-            )
-        )
-        generate = decode_pb2.DecodeRequest(
-            request_id=request_id,
-            transfer_token=descriptor.transfer_token,
-            first_token_id=result.first_token_id,
-        )
-        async for _ in decode.Generate(generate):
-            pass
+        await tiers.generate(f"direct-{next(counter)}", PROMPT_IDS, sampling)
 
     return once
 
@@ -293,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="timed requests per path")
     parser.add_argument("--warmup", type=int, default=200, help="untimed requests per path first")
-    parser.add_argument("--rounds", type=int, default=10, help="turns the paths take")
+    parser.add_argument("--rounds", type=int, default=100, help="turns the paths take")
     parser.add_argument("--max-tokens", type=int, default=4, help="tokens per request")
     parser.add_argument("--model", default=None, help="model folder (its tokenizer)")
     parser.add_argument("--out", type=Path, default=None, help="also write samples here (JSON)")

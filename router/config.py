@@ -22,7 +22,7 @@ class RouterConfig:
     # Reserve + Prefill tries per request before the last failure goes to the client.
     max_attempts: int = 3
     load_poll_interval_seconds: float = 0.5
-    load_timeout_seconds: float = 0.25
+    load_timeout_seconds: float = 1.0
     # Best-effort Decode.Abort after a cancel, deadline or failure must not hold anything up.
     abort_timeout_seconds: float = 1.0
     max_stop_strings: int = 16

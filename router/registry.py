@@ -37,6 +37,7 @@ class LoadStub(Protocol):
 
 
 StubT = TypeVar("StubT", bound=LoadStub)
+FAILED_POLLS_TO_UNHEALTHY = 3  # Load timeouts in a row before a worker is skipped
 
 
 class NoHealthyWorkerError(RuntimeError):
@@ -54,6 +55,7 @@ class Worker(Generic[StubT]):
     report: common_pb2.LoadResponse | None = None
     in_flight: int = 0
     dispatched_since_poll: int = 0
+    failed_polls: int = 0  # in a row
     removed: bool = False
 
     def load(self) -> WorkerLoad:
@@ -140,13 +142,19 @@ class WorkerPool(Generic[StubT]):
         try:
             report = await worker.stub.Load(common_pb2.LoadRequest(), timeout=self._load_timeout)
         except grpc.aio.AioRpcError as error:
-            if worker.healthy:
+            worker.failed_polls += 1
+            # A refused connection is a dead (or not yet started) process: out at once. A slow
+            # answer may be a busy one (a long engine step holds its event loop): out only
+            # after several in a row, or one loaded moment would fail every request.
+            dead = error.code() == grpc.StatusCode.UNAVAILABLE
+            if worker.healthy and (dead or worker.failed_polls >= FAILED_POLLS_TO_UNHEALTHY):
                 log.warning("%s worker %s unhealthy: %s", self.tier.value, worker.address, error)
-            worker.healthy = False
+                worker.healthy = False
             return
         if not worker.healthy:
             log.info("%s worker %s healthy", self.tier.value, worker.address)
         worker.report, worker.healthy, worker.dispatched_since_poll = report, True, 0
+        worker.failed_polls = 0
 
     def _close_if_idle(self, worker: Worker[StubT]) -> None:
         if worker.removed and worker.in_flight == 0 and self.workers.get(worker.address) is worker:

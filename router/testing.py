@@ -36,7 +36,8 @@ class Knobs:
     delay_seconds: float = 0.0  # before answering Reserve / Prefill, or between tokens
     failures: list[Failure] = field(default_factory=list)  # answered to the next calls, in order
     load: common_pb2.LoadResponse = field(default_factory=common_pb2.LoadResponse)
-    load_fails: bool = False
+    load_fails: bool = False  # Load answers UNAVAILABLE, as a dead process does
+    load_delay_seconds: float = 0.0  # Load answers this late, as a busy process may
 
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
@@ -170,6 +171,7 @@ async def _fail_or_wait(knobs: Knobs, context: Context, cancelled: list[str], ke
 async def _load(knobs: Knobs, context: Context) -> common_pb2.LoadResponse:
     if knobs.load_fails:
         await context.abort(grpc.StatusCode.UNAVAILABLE, "fake: load fails")
+    await asyncio.sleep(knobs.load_delay_seconds)
     return knobs.load
 
 

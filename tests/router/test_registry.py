@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pdserve.router.config import RouterConfig
-from pdserve.router.registry import NoHealthyWorkerError, Registry
+from pdserve.router.registry import FAILED_POLLS_TO_UNHEALTHY, NoHealthyWorkerError, Registry
 from pdserve.router.targets import (
     DnsTargets,
     StaticTargets,
@@ -175,6 +175,31 @@ def test_pick_prefers_untried_workers_but_falls_back() -> None:
             assert pool.has_untried({a}) and not pool.has_untried({a, b})
             pool.mark_unhealthy(pool.workers[b])
             assert pool.pick(avoid={a}).address == a
+            await registry.close()
+
+    asyncio.run(body())
+
+
+def test_slow_load_answers_need_three_in_a_row_to_mark_unhealthy() -> None:
+    async def body() -> None:
+        async with fake_tiers() as tiers:
+            config = RouterConfig(
+                prefill_targets=tiers.prefill_addresses[0],
+                decode_targets=tiers.decode_addresses[0],
+                load_poll_interval_seconds=30.0,
+                load_timeout_seconds=0.05,
+            )
+            registry = Registry(config)
+            await registry.start()
+            tiers.decode[0].knobs.load_delay_seconds = 0.2
+            for _ in range(FAILED_POLLS_TO_UNHEALTHY - 1):
+                await registry.poll()
+            assert registry.decode.healthy_count() == 1  # a busy moment is not a dead worker
+            await registry.poll()
+            assert registry.decode.healthy_count() == 0
+            tiers.decode[0].knobs.load_delay_seconds = 0.0
+            await registry.poll()
+            assert registry.decode.healthy_count() == 1
             await registry.close()
 
     asyncio.run(body())
