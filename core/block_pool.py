@@ -35,6 +35,8 @@ class BlockPool:
 
     def allocate(self, count: int) -> list[int] | None:
         """`count` fresh blocks, or None (nothing taken) when fewer are free."""
+        if count < 0:
+            raise ValueError(f"count: must be >= 0, got {count}")
         if count > len(self._free):
             return None
         ids = [self._free.popleft() for _ in range(count)]
@@ -43,15 +45,21 @@ class BlockPool:
         return ids
 
     def share(self, ids: list[int]) -> None:
-        """Takes one more reference on blocks that are already owned."""
+        """Takes one more reference on blocks that are already owned (all or nothing)."""
         for block_id in ids:
-            self._check_owned(block_id)
+            self._check_references(block_id, 1)
+        for block_id in ids:
             self._ref_counts[block_id] += 1
 
     def free(self, ids: list[int]) -> None:
-        """Drops one reference per id; blocks whose count reaches zero become free."""
+        """Drops one reference per id; blocks whose count reaches zero become free (all or
+        nothing: a bad id changes no count)."""
+        references: dict[int, int] = {}
         for block_id in ids:
-            self._check_owned(block_id)
+            references[block_id] = references.get(block_id, 0) + 1
+        for block_id, count in references.items():
+            self._check_references(block_id, count)
+        for block_id in ids:
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
                 self._free.append(block_id)
@@ -59,6 +67,7 @@ class BlockPool:
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]
 
-    def _check_owned(self, block_id: int) -> None:
-        if not 0 <= block_id < self.num_blocks or self._ref_counts[block_id] == 0:
+    def _check_references(self, block_id: int, count: int) -> None:
+        """Raises unless `block_id` is a block of this pool holding at least `count` references."""
+        if not 0 <= block_id < self.num_blocks or self._ref_counts[block_id] < count:
             raise BlockPoolError(f"block {block_id} is not owned (double free or foreign id)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +17,8 @@ from pdserve.core.errors import (
 )
 from pdserve.core.sampling_params import DuplicateRequestError, InvalidRequestError
 from pdserve.core.transfer_types import LayoutMismatchError, TransferError
+
+log = logging.getLogger(__name__)
 
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (DuplicateRequestError, grpc.StatusCode.ALREADY_EXISTS),  # before its base class
@@ -45,4 +48,7 @@ async def grpc_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
     except grpc.aio.AbortError:
         raise
     except Exception as error:  # every failure ends the call with a status, never a hang
-        await context.abort(status_code_for(error), str(error) or type(error).__name__)
+        code = status_code_for(error)
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("internal error", exc_info=error)  # a bug: keep the traceback
+        await context.abort(code, str(error) or type(error).__name__)

@@ -69,6 +69,8 @@ class Scheduler:
         self.swap_pool.free(request.swap_block_ids)
         request.block_ids, request.swap_block_ids = [], []
         request.status = status
+        if not self.has_unfinished():
+            self._release_deferred()  # no next step may come to do it; the copies have run
 
     # -- one step -------------------------------------------------------------------------
 
@@ -102,8 +104,8 @@ class Scheduler:
         for request in sorted(self.swapped + self.waiting, key=self._rank):
             if step.budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 return
-            if request.request_id in step.preempted:
-                return  # memory is short right now: do not take back what was just given up
+            if step.best_preempted is not None and self._rank(request) >= step.best_preempted:
+                return  # nothing worse than a request preempted this step may take its place
             num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
             if not self._make_room(request, num_new, step):
                 return  # head-of-line: admitting later ones first would break the order
@@ -153,6 +155,10 @@ class Scheduler:
         return max(self.running, key=self._rank)
 
     def _preempt(self, request: Request, step: _Step) -> None:
+        rank = self._rank(request)
+        step.best_preempted = (
+            rank if step.best_preempted is None else min(step.best_preempted, rank)
+        )
         self.running.remove(request)
         step.unschedule(request)
         step.preempted.append(request.request_id)
@@ -200,6 +206,7 @@ class _Step:
         self.swap_out: list[tuple[int, int]] = []
         self.swap_in: list[tuple[int, int]] = []
         self.preempted: list[str] = []
+        self.best_preempted: tuple[int, int] | None = None  # rank of the best request preempted
 
     def schedule(self, request: Request, num_new: int) -> None:
         self.scheduled[request.request_id] = num_new

@@ -16,11 +16,17 @@ class StaticScheduler(Scheduler):
         if self.running:
             return
         step.budget = 1 << 62  # a static batch prefills its whole prompts together
-        for request in self.waiting[: self.config.max_num_seqs]:
+        queued = sorted(self.swapped + self.waiting, key=lambda r: r.arrival_order)
+        for request in queued[: self.config.max_num_seqs]:
             num_new = request.num_tokens - request.num_computed_tokens
-            if not self._grow(request, num_new):
-                break
+            if not self.block_pool.can_allocate(self._blocks_needed(request, num_new)):
+                return
+            if request.status is RequestStatus.SWAPPED:
+                self._swap_in(request, step)
+                self.swapped.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._grow(request, num_new)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             step.schedule(request, num_new)
-        self.waiting = self.waiting[len(self.running) :]
