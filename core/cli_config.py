@@ -10,10 +10,14 @@ import os
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.kv_cache import DTYPES
 from pdserve.core.serving import ServerConfig
+
+if TYPE_CHECKING:
+    from pdserve.core.transfer_ucx_runtime import UcxConfig
 
 ENV_PREFIX = "PDSERVE_"
 
@@ -74,6 +78,37 @@ def add_server_arguments(parser: argparse.ArgumentParser, port: int, metrics_por
     add_flag(group, "--port", int, port, "gRPC port")
     add_flag(group, "--metrics-port", int, metrics_port, "Prometheus /metrics HTTP port")
     add_flag(group, "--drain-grace-seconds", float, 30.0, "time in-flight work gets on SIGTERM")
+
+
+def parse_bool(text: str) -> bool:
+    """Flag/env booleans: 1/true/yes/on and 0/false/no/off (any case)."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_ucx_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("UCX (transports come from UCX's own UCX_TLS etc.)")
+    add_flag(
+        group,
+        "--ucx-endpoint-error-handling",
+        parse_bool,
+        False,
+        "detect dead peers (true across pods; forces TCP, as shared memory cannot support it)",
+    )
+    add_flag(group, "--ucx-send-timeout-seconds", float, 30.0, "how long a KV send may wait")
+
+
+def ucx_config_from_args(args: argparse.Namespace) -> UcxConfig:
+    from pdserve.core.transfer_ucx_runtime import UcxConfig  # imports ucxx: only in the tiers
+
+    return UcxConfig(
+        endpoint_error_handling=args.ucx_endpoint_error_handling,
+        send_timeout_s=args.ucx_send_timeout_seconds,
+    )
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:

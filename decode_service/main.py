@@ -11,8 +11,10 @@ from pdserve.core.cli_config import (
     add_flag,
     add_model_arguments,
     add_server_arguments,
+    add_ucx_arguments,
     engine_config_from_args,
     server_config_from_args,
+    ucx_config_from_args,
 )
 from pdserve.core.engine_loop import EngineLoop
 from pdserve.core.model_source import resolve_model
@@ -30,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_engine_arguments(parser)
     add_server_arguments(parser, DEFAULT_PORT, DEFAULT_METRICS_PORT)
+    add_ucx_arguments(parser)
     add_flag(parser, "--max-pending-reservations", int, 256, "reservations waiting for blocks")
     add_flag(parser, "--kv-timeout-seconds", float, 60.0, "how long KV may take to arrive")
 
@@ -52,7 +55,6 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def _build_loop(args: argparse.Namespace) -> EngineLoop:
     from pdserve.core.transfer_ucx import KVReceiver
-    from pdserve.core.transfer_ucx_runtime import UcxConfig
     from pdserve.decode_service.metrics import register_engine_gauges
 
     limits = DecodeLimits(
@@ -62,7 +64,7 @@ def _build_loop(args: argparse.Namespace) -> EngineLoop:
     engine = DecodeEngine(
         resolve_model(args.model, args.model_cache),
         engine_config_from_args(args),
-        lambda cache: KVReceiver(cache, UcxConfig()),
+        lambda cache: KVReceiver(cache, ucx_config_from_args(args)),
         limits,
     )
     register_engine_gauges(engine)

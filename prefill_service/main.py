@@ -10,8 +10,10 @@ from pdserve.core.cli_config import (
     add_engine_arguments,
     add_model_arguments,
     add_server_arguments,
+    add_ucx_arguments,
     engine_config_from_args,
     server_config_from_args,
+    ucx_config_from_args,
 )
 from pdserve.core.engine_loop import EngineLoop
 from pdserve.core.model_source import resolve_model
@@ -28,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_engine_arguments(parser)
     add_server_arguments(parser, DEFAULT_PORT, DEFAULT_METRICS_PORT)
+    add_ucx_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,14 +51,13 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def _build_loop(args: argparse.Namespace) -> EngineLoop:
     from pdserve.core.transfer_ucx import KVSender
-    from pdserve.core.transfer_ucx_runtime import UcxConfig
     from pdserve.prefill_service.engine import PrefillEngine
     from pdserve.prefill_service.metrics import register_engine_gauges
 
     engine = PrefillEngine(
         resolve_model(args.model, args.model_cache),
         engine_config_from_args(args),
-        KVSender(UcxConfig()),
+        KVSender(ucx_config_from_args(args)),
     )
     register_engine_gauges(engine)
     return EngineLoop(engine)

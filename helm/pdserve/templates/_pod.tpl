@@ -54,6 +54,8 @@ process binds with --port, readiness asks for the role's service name, liveness 
 - name: UCX_TCP_PORT_RANGE
   value: {{ .tcpPortRange | quote }}
 {{- end }}
+- name: PDSERVE_UCX_ENDPOINT_ERROR_HANDLING
+  value: {{ .endpointErrorHandling | toString | quote }}
 {{- end }}
 {{- end }}
 {{- with $cfg.extraEnv }}
