@@ -47,11 +47,17 @@ class EngineRun:
     num_requests: int
     output_tokens: int
     seconds: float
+    cpu_seconds: float  # this process's CPU time (all threads) during the timed part
     load_seconds: float
 
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.seconds
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        """Output tokens per CPU-second: less sensitive than wall time to other busy processes."""
+        return self.output_tokens / self.cpu_seconds
 
 
 Generate = Callable[[list[WorkloadRequest], int], int]
@@ -82,16 +88,16 @@ def load_engine(
 
 def time_run(engine: LoadedEngine, workload: list[WorkloadRequest], repeat: int) -> EngineRun:
     """Times one pass over the whole workload (all requests queued at t=0)."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     output_tokens = engine.generate(workload, engine.max_batch)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     expected = total_output_tokens(workload)
     if output_tokens != expected:
         raise RuntimeError(
             f"{engine.kind.value}: produced {output_tokens} tokens, expected {expected}"
         )
     return EngineRun(
-        engine.kind, engine.max_batch, repeat, len(workload), output_tokens, seconds,
+        engine.kind, engine.max_batch, repeat, len(workload), output_tokens, seconds, cpu_seconds,
         engine.load_seconds,
     )  # fmt: skip
 

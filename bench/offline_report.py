@@ -58,6 +58,8 @@ def json_line(run: EngineRun, workload: str, extra: dict[str, object]) -> str:
         "output_tokens": run.output_tokens,
         "seconds": round(run.seconds, 4),
         "tokens_per_s": round(run.tokens_per_s, 2),
+        "cpu_seconds": round(run.cpu_seconds, 3),
+        "tokens_per_cpu_s": round(run.tokens_per_cpu_s, 2),
         "load_seconds": round(run.load_seconds, 3),
     }
     return json.dumps(record | extra)
@@ -66,7 +68,8 @@ def json_line(run: EngineRun, workload: str, extra: dict[str, object]) -> str:
 def run_line(run: EngineRun) -> str:
     return (
         f"{run.engine.value:>10}  B={run.max_batch:<3} repeat {run.repeat}: "
-        f"{run.output_tokens} tokens in {run.seconds:.2f} s = {run.tokens_per_s:.1f} tok/s"
+        f"{run.output_tokens} tokens in {run.seconds:.2f} s = {run.tokens_per_s:.1f} tok/s "
+        f"(CPU {run.cpu_seconds:.1f} s, {run.tokens_per_cpu_s:.1f} tok/CPU-s)"
     )
 
 

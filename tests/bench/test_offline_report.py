@@ -12,7 +12,7 @@ from pdserve.bench.offline_report import plot, ratio_table, summarize
 
 
 def _run(engine: EngineKind, max_batch: int, seconds: float, repeat: int = 0) -> EngineRun:
-    return EngineRun(engine, max_batch, repeat, 4, 100, seconds, load_seconds=1.0)
+    return EngineRun(engine, max_batch, repeat, 4, 100, seconds, 2 * seconds, load_seconds=1.0)
 
 
 RUNS = [
