@@ -88,6 +88,10 @@ class WorkerPool(Generic[StubT]):
             channel = grpc.aio.insecure_channel(address)
             self.workers[address] = Worker(address, channel, self._make_stub(channel))
             log.info("%s worker added: %s", self.tier.value, address)
+        for address in wanted & self.workers.keys():
+            if self.workers[address].removed:  # back in DNS before its last call ended
+                self.workers[address].removed = False
+                log.info("%s worker back: %s", self.tier.value, address)
         for address in self.workers.keys() - wanted:
             worker = self.workers[address]
             if not worker.removed:

@@ -98,6 +98,11 @@ def test_dns_workers_come_and_go_and_in_flight_calls_keep_theirs() -> None:
             await registry.refresh()
             assert pool.workers[b].removed  # kept while its call runs, but never picked
             assert {pool.pick().address for _ in range(5)} == {c}
+            dns.answer = [b, c]  # back before its call ended: picked again
+            await registry.refresh()
+            assert not pool.workers[b].removed
+            dns.answer = [c]
+            await registry.refresh()
             pool.release(busy)
             assert set(pool.workers) == {c}
 
