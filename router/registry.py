@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import grpc
 
@@ -180,12 +180,11 @@ class WorkerPool(Generic[StubT]):
 
 
 def _prefill_stub(channel: grpc.aio.Channel) -> PrefillAsyncStub:
-    # cast: the generated overloads pick the async stub only where grpc itself is typed.
-    return cast("PrefillAsyncStub", prefill_pb2_grpc.PrefillStub(channel))
+    return prefill_pb2_grpc.PrefillStub(channel)
 
 
 def _decode_stub(channel: grpc.aio.Channel) -> DecodeAsyncStub:
-    return cast("DecodeAsyncStub", decode_pb2_grpc.DecodeStub(channel))
+    return decode_pb2_grpc.DecodeStub(channel)
 
 
 class Registry:
