@@ -31,7 +31,9 @@ def sample(
 
 
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    temperatures = torch.tensor(
+        [p.temperature for p in params], dtype=logits.dtype, device=logits.device
+    )
     logits = logits / temperatures.unsqueeze(1)
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         logits = _top_k_top_p(logits, params)
@@ -41,11 +43,12 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
 def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
-    ranks = torch.arange(vocab).unsqueeze(0)
+    device = logits.device
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    ranks = torch.arange(vocab, device=device).unsqueeze(0)
     drop = ranks >= top_k.unsqueeze(1)
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype)
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=device)
     # Drop a token when the tokens ranked above it already cover top_p (the first always stays).
     mass_before = probs.cumsum(dim=-1) - probs
     drop |= mass_before >= top_p.unsqueeze(1)
