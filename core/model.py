@@ -17,7 +17,7 @@ from safetensors import safe_open
 from pdserve.core.forward_batch import ForwardBatch
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.model_config import ModelConfig
-from pdserve.core.rotary import RotaryEmbedding
+from pdserve.core.rotary import RotaryEmbedding, apply_rotary
 from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
 
 
@@ -53,9 +53,10 @@ class CausalLM:
         """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32."""
         hidden = F.embedding(batch.input_ids, self.embed)
         residual: torch.Tensor | None = None
+        cos_sin = self.rotary.cos_sin(batch.positions)
         for index, layer in enumerate(self.layers):
             hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
-            hidden = self._attention(index, layer, hidden, batch, kv_cache)
+            hidden = self._attention(index, layer, hidden, cos_sin, batch, kv_cache)
             hidden, residual = self._add_norm(hidden, residual, layer.post_attention_norm)
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran
@@ -69,7 +70,9 @@ class CausalLM:
         return self._rms_norm(residual, weight), residual
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # Computed in float32 like transformers' LlamaRMSNorm, whatever the model dtype.
+        if x.dtype == torch.float32:  # one fused op; the same math as transformers' LlamaRMSNorm
+            return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
+        # Lower precisions normalise in float32 and cast back before the weight, as HF does.
         as_float = x.float()
         variance = as_float.pow(2).mean(-1, keepdim=True)
         normed = as_float * torch.rsqrt(variance + self.config.rms_norm_eps)
@@ -80,17 +83,18 @@ class CausalLM:
         index: int,
         layer: LayerWeights,
         hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         kv_cache: KVCache,
     ) -> torch.Tensor:
         config = self.config
         num_tokens = hidden.shape[0]
         qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)
-        q, k, v = torch.split(qkv, [self._q_size, self._kv_size, self._kv_size], dim=-1)
-        q = q.view(num_tokens, config.num_heads, config.head_dim)
-        k = k.view(num_tokens, config.num_kv_heads, config.head_dim)
+        qk, v = torch.split(qkv, [self._q_size + self._kv_size, self._kv_size], dim=-1)
+        # q and k heads rotate together: half the small ops of rotating them one by one.
+        qk = apply_rotary(qk.view(num_tokens, -1, config.head_dim), *cos_sin)
+        q, k = torch.split(qk, [config.num_heads, config.num_kv_heads], dim=1)
         v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
-        q, k = self.rotary.apply(batch.positions, q, k)
         k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         return F.linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)

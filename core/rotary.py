@@ -70,15 +70,13 @@ class RotaryEmbedding:
         self.cos = (angles.cos() * scaling).to(dtype=dtype, device=device)
         self.sin = (angles.sin() * scaling).to(dtype=dtype, device=device)
 
-    def apply(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q `[tokens, heads, dim]`, k `[tokens, kv_heads, dim]`, rotated by their positions."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for the step's positions, `[tokens, 1, dim]`: looked up once per step."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates `x` `[tokens, heads, dim]` (q and k heads side by side, so one call serves both)."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
