@@ -49,7 +49,15 @@ class _Slots:
         self._rps = rps
         self._next = 0
         self._origin = time.perf_counter()
-        self.closed = False
+        self._closed = asyncio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def close(self) -> None:
+        """No slot starts any more; workers waiting for a later turn wake up at once."""
+        self._closed.set()
 
     def take(self) -> int | None:
         if self.closed or (self._limit is not None and self._next >= self._limit):
@@ -59,7 +67,11 @@ class _Slots:
 
     async def wait_for_turn(self, number: int) -> None:
         if self._rps > 0:
-            await asyncio.sleep(max(0.0, self._origin + number / self._rps - time.perf_counter()))
+            delay = max(0.0, self._origin + number / self._rps - time.perf_counter())
+            # Not a plain sleep: at the end of a `duration` run the slots close, and a worker
+            # waiting for a turn far in the future must not hold the run open until then.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), timeout=delay)
 
 
 @dataclass
@@ -171,7 +183,7 @@ def _waits(config: LoadConfig) -> bool:
 
 
 async def _stop(run: _Run, workers: list[asyncio.Task[None]], *, wait: bool) -> None:
-    run.slots.closed = True
+    run.slots.close()
     if not wait:
         for task in workers:
             task.cancel()

@@ -118,6 +118,17 @@ def test_duration_stop_wait_lets_calls_finish(fake_server: FakeServer) -> None:
     assert outcome.results and all(result.ok for result in outcome.results)
 
 
+def test_a_rated_duration_run_ends_at_its_duration(fake_server: FakeServer) -> None:
+    """Idle workers wait for turns far past the end (slot 63 at 63 s at 1 rps): closing the
+    slots must wake them, or the run would last until the last turn instead of ~1 s."""
+    config = _config(fake_server, duration="1s", concurrency=64, data=[GOOD])
+    config = config_from_dict({**_raw(config), "rps": 1, "duration-stop": "wait"})
+    outcome = asyncio.run(drive(config))
+
+    assert outcome.total_ns < 5e9
+    assert 1 <= len(outcome.results) <= 2 and all(result.ok for result in outcome.results)
+
+
 def _raw(config: LoadConfig) -> dict[str, Any]:
     return {
         "call": "pdserve.v1.Generation.Generate",
