@@ -109,17 +109,20 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
         (runner, "_build_batch", timers.note_batch(runner._build_batch)),
         (model, "forward", timers.wrap("forward", model.forward)),
         (model, "_rms_norm", timers.wrap("rms_norm", model._rms_norm)),
-        (model.rotary, "apply", timers.wrap("rotary", model.rotary.apply)),
     ]
     module_patches: list[tuple[ModuleType, str, object]] = [
         (model_module, "F", _TimedFunctional(timers)),
-        (model_module, "write_kv", timers.wrap("write_kv", model_module.write_kv)),
-        (model_module, "paged_attention_decode",
-         timers.wrap("attention_decode", model_module.paged_attention_decode)),
-        (model_module, "paged_attention_prefill",
-         timers.wrap("attention_prefill", model_module.paged_attention_prefill)),
-        (runner_module, "sample", timers.wrap("sample", runner_module.sample)),
-    ]  # fmt: skip
+        *(
+            (module, name, timers.wrap(label, getattr(module, name)))
+            for module, name, label in (
+                (model_module, "write_kv", "write_kv"),
+                (model_module, "apply_rotary", "rotary"),
+                (model_module, "paged_attention_decode", "attention_decode"),
+                (model_module, "paged_attention_prefill", "attention_prefill"),
+                (runner_module, "sample", "sample"),
+            )
+        ),
+    ]
     originals = [(module, name, getattr(module, name)) for module, name, _ in module_patches]
     for target, name, replacement in [*instance_patches, *module_patches]:
         setattr(target, name, replacement)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +48,7 @@ def summarize(runs: Iterable[EngineRun]) -> list[Summary]:
     ]
 
 
-def json_line(run: EngineRun, workload: str, extra: dict[str, object]) -> str:
+def json_line(run: EngineRun, workload: str, extra: Mapping[str, object]) -> str:
     record: dict[str, object] = {
         "engine": run.engine.value,
         "max_batch": run.max_batch,
@@ -62,7 +62,7 @@ def json_line(run: EngineRun, workload: str, extra: dict[str, object]) -> str:
         "tokens_per_cpu_s": round(run.tokens_per_cpu_s, 2),
         "load_seconds": round(run.load_seconds, 3),
     }
-    return json.dumps(record | extra)
+    return json.dumps({**record, **extra})
 
 
 def run_line(run: EngineRun) -> str:

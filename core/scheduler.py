@@ -109,15 +109,19 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
             if not self._make_room(request, num_new, step):
                 return  # head-of-line: admitting later ones first would break the order
-            if request.status is RequestStatus.SWAPPED:
-                self._swap_in(request, step)
-                self.swapped.remove(request)
-            else:
-                self.waiting.remove(request)
-            self._grow(request, num_new)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            step.schedule(request, num_new)
+            self._admit(request, num_new, step)
+
+    def _admit(self, request: Request, num_new: int, step: _Step) -> None:
+        """Moves a waiting or swapped request into the running batch for `num_new` tokens."""
+        if request.status is RequestStatus.SWAPPED:
+            self._swap_in(request, step)
+            self.swapped.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._grow(request, num_new)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        step.schedule(request, num_new)
 
     def _make_room(self, request: Request, num_new: int, step: _Step) -> bool:
         """Whether `request` fits; under `priority` it may preempt worse running requests."""

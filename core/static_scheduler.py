@@ -7,7 +7,6 @@ idle. That idleness is exactly what continuous batching removes.
 
 from __future__ import annotations
 
-from pdserve.core.request import RequestStatus
 from pdserve.core.scheduler import Scheduler, _Step
 
 
@@ -21,12 +20,4 @@ class StaticScheduler(Scheduler):
             num_new = request.num_tokens - request.num_computed_tokens
             if not self.block_pool.can_allocate(self._blocks_needed(request, num_new)):
                 return
-            if request.status is RequestStatus.SWAPPED:
-                self._swap_in(request, step)
-                self.swapped.remove(request)
-            else:
-                self.waiting.remove(request)
-            self._grow(request, num_new)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            step.schedule(request, num_new)
+            self._admit(request, num_new, step)

@@ -92,19 +92,18 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def Release(
         self, request: decode_pb2.ReleaseRequest, context: Context
     ) -> decode_pb2.ReleaseResponse:
+        return decode_pb2.ReleaseResponse(released=await self._release(request.request_id, context))
+
+    async def _release(self, request_id: str, context: Context) -> bool:
         async with grpc_errors(context):
             engine = self._engine()
-            released = await self.runtime.call(lambda: engine.release(request.request_id))
-            return decode_pb2.ReleaseResponse(released=released)
+            return await self.runtime.call(lambda: engine.release(request_id))
 
     async def Abort(
         self, request: decode_pb2.AbortRequest, context: Context
     ) -> decode_pb2.AbortResponse:
-        async with grpc_errors(context):
-            engine = self._engine()
-            aborted = await self.runtime.call(lambda: engine.release(request.request_id))
-            # Release and Abort differ only for the caller's intent; both free everything.
-            return decode_pb2.AbortResponse(aborted=aborted)
+        # Abort and Release differ only in the caller's intent; both free everything.
+        return decode_pb2.AbortResponse(aborted=await self._release(request.request_id, context))
 
     async def Load(
         self, request: common_pb2.LoadRequest, context: Context

@@ -54,7 +54,5 @@ def build_package_tree(root: Path) -> Path:
 def test_mypy_strict_is_clean(tmp_path: Path) -> None:
     tree = build_package_tree(tmp_path / "tree")
     env = {**os.environ, "MYPYPATH": str(tree)}
-    result = _run(
-        "mypy", "--cache-dir", str(REPO / ".mypy_cache"), "-p", "pdserve", env=env
-    )
+    result = _run("mypy", "--cache-dir", str(REPO / ".mypy_cache"), "-p", "pdserve", env=env)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
