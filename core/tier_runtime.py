@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
+import grpc
+
+from pdserve.core.cli_config import (
+    add_engine_arguments,
+    add_model_arguments,
+    add_server_arguments,
+    add_ucx_arguments,
+    server_config_from_args,
+)
 from pdserve.core.engine_loop import EngineLoop
 from pdserve.core.errors import DrainingError
 from pdserve.core.outputs import TokenDelta
@@ -96,3 +107,32 @@ async def serve_tier(runtime: TierRuntime, build_loop: Callable[[], EngineLoop])
         await host.serve_until_signal(runtime.is_idle)
     finally:
         loop.stop()
+
+
+def add_tier_arguments(parser: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
+    """The flags both worker tiers take (docs/contract.md)."""
+    add_model_arguments(parser)
+    add_engine_arguments(parser)
+    add_server_arguments(parser, port, metrics_port)
+    add_ucx_arguments(parser)
+
+
+def run_tier(
+    args: argparse.Namespace,
+    service_name: str,
+    add_servicer: Callable[[TierRuntime, grpc.aio.Server], None],
+    build_loop: Callable[[], EngineLoop],
+) -> int:
+    """A worker's main: serve `service_name` (also its readiness name) until SIGTERM."""
+    role = service_name.rsplit(".", 1)[-1].lower()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
+
+    async def serve() -> None:
+        # grpc.aio objects must be created inside the running event loop.
+        host = ServiceHost(server_config_from_args(args), service_name, [service_name])
+        runtime = TierRuntime(host)
+        add_servicer(runtime, host.server)
+        await serve_tier(runtime, build_loop)
+
+    asyncio.run(serve())
+    return 0
