@@ -68,10 +68,10 @@ class StagingPool:
     def acquire(self, layout: KVLayout, num_blocks: int) -> Staging:
         needed = num_blocks * int(layout.block_nbytes) + TOKEN_NBYTES
         with self._lock:
-            fitting = [m for m in self._idle if m.numel() >= needed]
-            memory = min(fitting, key=lambda m: m.numel()) if fitting else None
-            if memory is not None:
-                self._idle.remove(memory)
+            fitting = [i for i, m in enumerate(self._idle) if m.numel() >= needed]
+            # By index, never list.remove: that compares tensors with ==, elementwise.
+            best = min(fitting, key=lambda i: self._idle[i].numel()) if fitting else None
+            memory = self._idle.pop(best) if best is not None else None
         return Staging(layout, num_blocks, memory)
 
     def release(self, staging: Staging) -> None:
