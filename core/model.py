@@ -20,6 +20,22 @@ from pdserve.core.model_config import ModelConfig
 from pdserve.core.rotary import RotaryEmbedding, apply_rotary
 from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
 
+# CPU GEMM (MKL) takes a slow path for 3..15 rows: measured on the default model's shapes, 15 rows
+# of the gate/up projection took 677 us and 16 rows 376 us, the lm_head 19.7 ms vs 8.4 ms. So a
+# small batch is padded to 16 rows and the extra rows are dropped: more work, less time.
+_FAST_GEMM_ROWS = 16
+
+
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    rows = x.shape[0]
+    if x.device.type != "cpu" or not 2 < rows < _FAST_GEMM_ROWS:
+        return F.linear(x, weight, bias)
+    padded = x.new_zeros((_FAST_GEMM_ROWS, x.shape[1]))
+    padded[:rows] = x
+    return F.linear(padded, weight, bias)[:rows]
+
 
 @dataclass(frozen=True)
 class LayerWeights:
@@ -61,7 +77,7 @@ class CausalLM:
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran
         last = (hidden + residual)[batch.logits_indices]
-        return F.linear(self._rms_norm(last, self.norm), self.lm_head).float()
+        return _linear(self._rms_norm(last, self.norm), self.lm_head).float()
 
     def _add_norm(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
@@ -89,7 +105,7 @@ class CausalLM:
     ) -> torch.Tensor:
         config = self.config
         num_tokens = hidden.shape[0]
-        qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)
+        qkv = _linear(hidden, layer.qkv, layer.qkv_bias)
         qk, v = torch.split(qkv, [self._q_size + self._kv_size, self._kv_size], dim=-1)
         # q and k heads rotate together: half the small ops of rotating them one by one.
         qk = apply_rotary(qk.view(num_tokens, -1, config.head_dim), *cos_sin)
@@ -97,7 +113,7 @@ class CausalLM:
         v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
         k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        return F.linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)
+        return _linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)
 
     def _attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
@@ -133,8 +149,8 @@ class CausalLM:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _mlp(self, layer: LayerWeights, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(hidden, layer.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down)
+        gate, up = _linear(hidden, layer.gate_up).chunk(2, dim=-1)
+        return _linear(F.silu(gate) * up, layer.down)
 
 
 def _layer_weights(
