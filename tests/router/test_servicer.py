@@ -1,25 +1,21 @@
-"""The router's public API over fake prefill/decode tiers: the request flow and its errors."""
+"""The router's public API over fake prefill/decode tiers: the request flow and worker choice.
+
+Retries, cancellation, deadlines and overload are in test_servicer_failures.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-import grpc
 import pytest
-from prometheus_client import REGISTRY
 
 from pdserve.client import build_request
-from pdserve.router.testing import FIRST_TOKEN_ID, Failure
+from pdserve.router.testing import FIRST_TOKEN_ID
 from pdserve.router.validation import RequestValidator
 from pdserve.v1 import common_pb2
 
 PROMPT = "The capital of France is"
-
-
-def _count(method: str, code: str) -> float:
-    labels = {"method": method, "code": code}
-    return REGISTRY.get_sample_value("pdserve_router_requests_total", labels) or 0.0
 
 
 def sampling(**fields: Any) -> common_pb2.SamplingParams:
@@ -77,76 +73,6 @@ def test_stream_relays_deltas_and_ends_with_usage_and_timings(router_stack: Any)
     asyncio.run(body())
 
 
-def test_prefill_unavailable_aborts_the_reservation_and_retries_elsewhere(
-    router_stack: Any,
-) -> None:
-    async def body() -> None:
-        async with router_stack(num_prefill=2) as stack:
-            failing, healthy = stack.tiers.prefill
-            failing.knobs.failures.append(Failure(grpc.StatusCode.UNAVAILABLE, "worker died"))
-            healthy.knobs.load.num_waiting = 1  # so the router tries the failing one first
-            await stack.registry.poll()
-            request = build_request([1, 2], sampling=sampling(max_tokens=2), request_id="retry")
-            reply = await stack.client.generate(request, timeout=10)
-            assert list(reply.token_ids) == [FIRST_TOKEN_ID, 1]
-            assert (len(failing.calls), len(healthy.calls)) == (1, 1)
-            decode = stack.tiers.decode[0]
-            assert decode.aborts == ["retry"]  # the first reservation, before the new Reserve
-            assert len(decode.reserves) == 2
-
-    asyncio.run(body())
-
-
-def test_retries_are_bounded_and_the_last_failure_reaches_the_client(router_stack: Any) -> None:
-    async def body() -> None:
-        async with router_stack(num_prefill=1, max_attempts=3) as stack:
-            prefill = stack.tiers.prefill[0]
-            prefill.knobs.failures.extend(
-                Failure(grpc.StatusCode.INTERNAL, f"boom {n}") for n in range(5)
-            )
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(build_request([1]), timeout=10)
-            assert caught.value.code() == grpc.StatusCode.INTERNAL
-            assert caught.value.details() == "boom 2"
-            assert len(prefill.calls) == 3
-            await stack.dispatcher.wait_aborts()
-            assert len(stack.tiers.decode[0].aborts) == 3
-
-    asyncio.run(body())
-
-
-def test_failed_precondition_passes_through_unchanged_without_retry(router_stack: Any) -> None:
-    message = "destination.layout: decode KVLayout(16 layers) != prefill KVLayout(30 layers)"
-
-    async def body() -> None:
-        async with router_stack(num_prefill=2) as stack:
-            for prefill in stack.tiers.prefill:
-                prefill.knobs.failures.append(Failure(grpc.StatusCode.FAILED_PRECONDITION, message))
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(build_request([1, 2]), timeout=10)
-            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert caught.value.details() == message
-            assert sum(len(prefill.calls) for prefill in stack.tiers.prefill) == 1
-            await stack.dispatcher.wait_aborts()
-            assert len(stack.tiers.decode[0].aborts) == 1
-
-    asyncio.run(body())
-
-
-def test_reserve_resource_exhausted_moves_to_another_decode_worker(router_stack: Any) -> None:
-    async def body() -> None:
-        async with router_stack(num_decode=2) as stack:
-            full, free = stack.tiers.decode
-            full.knobs.failures.append(Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full"))
-            free.knobs.load.num_running = 3
-            await stack.registry.poll()
-            reply = await stack.client.generate(build_request([1]), timeout=10)
-            assert reply.finish_reason == common_pb2.FINISH_REASON_LENGTH
-            assert (len(full.reserves), len(free.reserves)) == (1, 1)
-
-    asyncio.run(body())
-
-
 def test_least_loaded_workers_are_picked_in_each_tier(router_stack: Any) -> None:
     async def body() -> None:
         async with router_stack(num_prefill=2, num_decode=2) as stack:
@@ -158,133 +84,6 @@ def test_least_loaded_workers_are_picked_in_each_tier(router_stack: Any) -> None
             await stack.client.generate(build_request([1]), timeout=10)
             assert (len(busy_prefill.calls), len(idle_prefill.calls)) == (0, 1)
             assert (len(idle_decode.reserves), len(busy_decode.reserves)) == (1, 0)
-
-    asyncio.run(body())
-
-
-def test_client_cancel_cancels_decode_and_aborts(router_stack: Any, wait_for: Any) -> None:
-    async def body() -> None:
-        async with router_stack() as stack:
-            decode = stack.tiers.decode[0]
-            decode.knobs.delay_seconds = 0.2
-            request = build_request([1], sampling=sampling(max_tokens=50), request_id="gone")
-            async for _chunk in stack.client.generate_stream(request, timeout=30):
-                break  # leaving the loop cancels the call
-            await wait_for(lambda: "gone" in decode.cancelled and "gone" in decode.aborts)
-            assert decode.reservations == {}
-
-    before = _count("GenerateStream", "CANCELLED")
-    asyncio.run(body())
-    assert _count("GenerateStream", "CANCELLED") == before + 1
-
-
-def test_client_cancel_during_prefill_reaches_prefill_and_decode(
-    router_stack: Any, wait_for: Any
-) -> None:
-    async def body() -> None:
-        async with router_stack() as stack:
-            prefill, decode = stack.tiers.prefill[0], stack.tiers.decode[0]
-            prefill.knobs.delay_seconds = 5.0
-            call = asyncio.create_task(
-                stack.client.generate(build_request([1], request_id="early"), timeout=30)
-            )
-            await wait_for(lambda: len(prefill.calls) == 1)
-            call.cancel()
-            await wait_for(lambda: "early" in prefill.cancelled and "early" in decode.aborts)
-
-    asyncio.run(body())
-
-
-def test_deadline_becomes_downstream_timeouts_and_deadline_exceeded(
-    router_stack: Any, wait_for: Any
-) -> None:
-    async def body() -> None:
-        async with router_stack() as stack:
-            prefill, decode = stack.tiers.prefill[0], stack.tiers.decode[0]
-            prefill.knobs.delay_seconds = 5.0
-            request = build_request([1], request_id="late")
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(request, timeout=0.5)
-            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            (remaining,) = prefill.time_remaining
-            assert remaining is not None and 0 < remaining < 0.6  # the client's 0.5 s, passed on
-            await wait_for(lambda: "late" in prefill.cancelled and "late" in decode.aborts)
-
-    before = _count("Generate", "DEADLINE_EXCEEDED")
-    asyncio.run(body())
-    assert _count("Generate", "DEADLINE_EXCEEDED") == before + 1
-
-
-def test_deadline_during_decode_cancels_the_stream(router_stack: Any, wait_for: Any) -> None:
-    async def body() -> None:
-        async with router_stack() as stack:
-            decode = stack.tiers.decode[0]
-            decode.knobs.delay_seconds = 0.1
-            request = build_request([1], sampling=sampling(max_tokens=100), request_id="slow")
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(request, timeout=0.5)
-            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            await wait_for(lambda: "slow" in decode.cancelled and "slow" in decode.aborts)
-
-    before = _count("Generate", "DEADLINE_EXCEEDED")
-    asyncio.run(body())
-    assert _count("Generate", "DEADLINE_EXCEEDED") == before + 1
-
-
-def test_max_queue_answers_resource_exhausted_at_once(router_stack: Any) -> None:
-    async def body() -> None:
-        async with router_stack(max_queue=1) as stack:
-            stack.tiers.decode[0].knobs.delay_seconds = 0.1
-            first = stack.client.generate_stream(
-                build_request([1], sampling=sampling(max_tokens=5)), timeout=10
-            )
-            chunks = [await anext(first)]
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(build_request([2]), timeout=10)
-            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "--max-queue 1" in (caught.value.details() or "")
-            chunks += [chunk async for chunk in first]
-            assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
-            assert len(stack.tiers.decode[0].reserves) == 1
-            # The slot is free again.
-            stack.tiers.decode[0].knobs.delay_seconds = 0.0
-            reply = await stack.client.generate(build_request([3]), timeout=10)
-            assert reply.finish_reason == common_pb2.FINISH_REASON_LENGTH
-
-    asyncio.run(body())
-
-
-def test_duplicate_request_id_in_flight_is_already_exists(router_stack: Any) -> None:
-    async def body() -> None:
-        async with router_stack() as stack:
-            stack.tiers.decode[0].knobs.delay_seconds = 0.1
-            first = stack.client.generate_stream(
-                build_request([1], sampling=sampling(max_tokens=4), request_id="twin"),
-                timeout=10,
-            )
-            await anext(first)
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(build_request([2], request_id="twin"), timeout=10)
-            assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
-            assert (caught.value.details() or "").startswith("request_id")
-            assert [chunk async for chunk in first][-1].finish_reason
-
-    asyncio.run(body())
-
-
-def test_no_healthy_worker_is_unavailable(router_stack: Any) -> None:
-    async def body() -> None:
-        async with router_stack() as stack:
-            stack.tiers.decode[0].knobs.load_fails = True
-            await stack.registry.poll()
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(build_request([1]), timeout=10)
-            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "no healthy decode worker" in (caught.value.details() or "")
-            stack.tiers.decode[0].knobs.load_fails = False
-            await stack.registry.poll()
-            reply = await stack.client.generate(build_request([1]), timeout=10)
-            assert reply.finish_reason == common_pb2.FINISH_REASON_LENGTH
 
     asyncio.run(body())
 
