@@ -64,13 +64,15 @@ def measure_copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = COPY_REPEATS
 
 
 def model_weight_bytes(model: CausalLM) -> int:
-    """Bytes of every distinct weight tensor the forward reads (tied embeddings count once)."""
-    tensors: list[torch.Tensor] = [model.embed, model.norm, model.lm_head]
+    """Bytes of every distinct weight tensor a batch-1 forward reads (tied embeddings count once;
+    the packed copies for 16-row batches are not read at batch 1)."""
+    tensors: list[torch.Tensor] = [model.embed, model.norm, model.lm_head.weight]
     for layer in model.layers:
-        tensors += [layer.input_norm, layer.qkv, layer.o_proj, layer.post_attention_norm]
-        tensors += [layer.gate_up, layer.down]
-        if layer.qkv_bias is not None:
-            tensors.append(layer.qkv_bias)
+        tensors += [layer.input_norm, layer.post_attention_norm]
+        for projection in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+            tensors.append(projection.weight)
+            if projection.bias is not None:
+                tensors.append(projection.bias)
     unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(unique.values())
 

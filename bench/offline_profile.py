@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import torch.nn.functional
-
 import pdserve.core.model as model_module
 import pdserve.core.model_runner as runner_module
 from pdserve.core.llm import LLM
@@ -85,17 +83,6 @@ class StepTimers:
         return noted
 
 
-class _TimedFunctional(ModuleType):
-    """`torch.nn.functional` for model.py only, with `linear` timed."""
-
-    def __init__(self, timers: StepTimers) -> None:
-        super().__init__("timed_functional")
-        self.linear = timers.wrap("linear", torch.nn.functional.linear)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch.nn.functional, name)
-
-
 @contextmanager
 def instrumented(llm: LLM) -> Iterator[StepTimers]:
     """Wraps the engine's parts for the duration of the block, then puts everything back."""
@@ -111,10 +98,10 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
         (model, "_rms_norm", timers.wrap("rms_norm", model._rms_norm)),
     ]
     module_patches: list[tuple[ModuleType, str, object]] = [
-        (model_module, "F", _TimedFunctional(timers)),
         *(
             (module, name, timers.wrap(label, getattr(module, name)))
             for module, name, label in (
+                (model_module, "linear", "linear"),
                 (model_module, "write_kv", "write_kv"),
                 (model_module, "apply_rotary", "rotary"),
                 (model_module, "paged_attention_decode", "attention_decode"),

@@ -15,37 +15,21 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from pdserve.core.forward_batch import ForwardBatch
+from pdserve.core.gemm import LinearWeight, linear, prepare
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.model_config import ModelConfig
 from pdserve.core.rotary import RotaryEmbedding, apply_rotary
 from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
 
-# CPU GEMM (MKL) takes a slow path for 3..15 rows: measured on the default model's shapes, 15 rows
-# of the gate/up projection took 677 us and 16 rows 376 us, the lm_head 19.7 ms vs 8.4 ms. So a
-# small batch is padded to 16 rows and the extra rows are dropped: more work, less time.
-_FAST_GEMM_ROWS = 16
-
-
-def _linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    rows = x.shape[0]
-    if x.device.type != "cpu" or not 2 < rows < _FAST_GEMM_ROWS:
-        return F.linear(x, weight, bias)
-    padded = x.new_zeros((_FAST_GEMM_ROWS, x.shape[1]))
-    padded[:rows] = x
-    return F.linear(padded, weight, bias)[:rows]
-
 
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # q, k and v projections stacked on the output dim
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor
+    qkv: LinearWeight  # q, k and v projections stacked on the output dim
+    o_proj: LinearWeight
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor  # gate and up projections stacked on the output dim
-    down: torch.Tensor
+    gate_up: LinearWeight  # gate and up projections stacked on the output dim
+    down: LinearWeight
 
 
 class CausalLM:
@@ -53,7 +37,7 @@ class CausalLM:
         self.config = config
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = weights.get("lm_head.weight", self.embed)
+        self.lm_head = prepare(weights.get("lm_head.weight", self.embed))
         self.layers = [_layer_weights(weights, i, config) for i in range(config.num_layers)]
         self.rotary = RotaryEmbedding(config, self.embed.dtype, self.embed.device)
         self.scale = config.head_dim**-0.5
@@ -77,7 +61,7 @@ class CausalLM:
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran
         last = (hidden + residual)[batch.logits_indices]
-        return _linear(self._rms_norm(last, self.norm), self.lm_head).float()
+        return linear(self._rms_norm(last, self.norm), self.lm_head).float()
 
     def _add_norm(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
@@ -105,7 +89,7 @@ class CausalLM:
     ) -> torch.Tensor:
         config = self.config
         num_tokens = hidden.shape[0]
-        qkv = _linear(hidden, layer.qkv, layer.qkv_bias)
+        qkv = linear(hidden, layer.qkv)
         qk, v = torch.split(qkv, [self._q_size + self._kv_size, self._kv_size], dim=-1)
         # q and k heads rotate together: half the small ops of rotating them one by one.
         qk = apply_rotary(qk.view(num_tokens, -1, config.head_dim), *cos_sin)
@@ -113,7 +97,7 @@ class CausalLM:
         v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
         k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        return _linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)
+        return linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)
 
     def _attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
@@ -149,8 +133,8 @@ class CausalLM:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _mlp(self, layer: LayerWeights, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = _linear(hidden, layer.gate_up).chunk(2, dim=-1)
-        return _linear(F.silu(gate) * up, layer.down)
+        gate, up = linear(hidden, layer.gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, layer.down)
 
 
 def _layer_weights(
@@ -165,12 +149,11 @@ def _layer_weights(
     bias = torch.cat([get(f"{name}.bias") for name in qkv_names]) if config.attention_bias else None
     return LayerWeights(
         input_norm=get("input_layernorm.weight"),
-        qkv=torch.cat([get(f"{name}.weight") for name in qkv_names]),
-        qkv_bias=bias,
-        o_proj=get("self_attn.o_proj.weight"),
+        qkv=prepare(torch.cat([get(f"{name}.weight") for name in qkv_names]), bias),
+        o_proj=prepare(get("self_attn.o_proj.weight")),
         post_attention_norm=get("post_attention_layernorm.weight"),
-        gate_up=torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
-        down=get("mlp.down_proj.weight"),
+        gate_up=prepare(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])),
+        down=prepare(get("mlp.down_proj.weight")),
     )
 
 
