@@ -17,12 +17,14 @@ from pdserve.core.cli_config import (
     add_ucx_arguments,
     server_config_from_args,
 )
+from pdserve.core.engine import LLMEngine
 from pdserve.core.engine_loop import EngineLoop
 from pdserve.core.errors import DrainingError
 from pdserve.core.outputs import TokenDelta
 from pdserve.core.serving import ServiceHost
 
 T = TypeVar("T")
+EngineT = TypeVar("EngineT", bound=LLMEngine)
 
 
 class TierRuntime:
@@ -36,6 +38,13 @@ class TierRuntime:
         if self.loop is None:
             raise DrainingError("this worker is still loading its model")
         return self.loop
+
+    def engine(self, kind: type[EngineT]) -> EngineT:
+        """The loaded engine, as the tier's own engine class."""
+        engine = self.engine_loop().engine
+        if not isinstance(engine, kind):
+            raise TypeError(f"engine: expected {kind.__name__}, got {type(engine).__name__}")
+        return engine
 
     def check_accepting(self) -> None:
         """New work (not the rest of work already accepted) is refused while draining."""

@@ -27,11 +27,6 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     def __init__(self, runtime: TierRuntime) -> None:
         self.runtime = runtime
 
-    def _engine(self) -> DecodeEngine:
-        engine = self.runtime.engine_loop().engine
-        assert isinstance(engine, DecodeEngine)
-        return engine
-
     async def Reserve(
         self, request: decode_pb2.ReserveRequest, context: Context
     ) -> common_pb2.TransferDescriptor:
@@ -39,7 +34,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             started = time.monotonic()
             self.runtime.check_accepting()
             params = sampling_from_proto(request.sampling, request.priority)
-            engine = self._engine()
+            engine = self.runtime.engine(DecodeEngine)
             prompt = list(request.prompt_token_ids)
             granted = await self.runtime.call(
                 lambda: engine.reserve(request.request_id, prompt, params)
@@ -56,7 +51,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self, request: decode_pb2.DecodeRequest, context: Context
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         async with grpc_errors(context):
-            engine = self._engine()
+            engine = self.runtime.engine(DecodeEngine)
             started = time.monotonic()
             last = started
             completion_tokens = 0
@@ -96,7 +91,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     async def _release(self, request_id: str, context: Context) -> bool:
         async with grpc_errors(context):
-            engine = self._engine()
+            engine = self.runtime.engine(DecodeEngine)
             return await self.runtime.call(lambda: engine.release(request_id))
 
     async def Abort(
@@ -109,7 +104,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self, request: common_pb2.LoadRequest, context: Context
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
-            engine = self._engine()
+            engine = self.runtime.engine(DecodeEngine)
             waiting, running = engine.load()
             pool = engine.scheduler.block_pool
             return common_pb2.LoadResponse(

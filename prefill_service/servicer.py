@@ -21,11 +21,6 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     def __init__(self, runtime: TierRuntime) -> None:
         self.runtime = runtime
 
-    def _engine(self) -> PrefillEngine:
-        engine = self.runtime.engine_loop().engine
-        assert isinstance(engine, PrefillEngine)
-        return engine
-
     async def Prefill(
         self, request: prefill_pb2.PrefillRequest, context: Context
     ) -> prefill_pb2.PrefillResult:
@@ -33,7 +28,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             self.runtime.check_accepting()
             params = sampling_from_proto(request.sampling, request.priority)
             destination = descriptor_from_proto(request.destination)
-            engine = self._engine()
+            engine = self.runtime.engine(PrefillEngine)
             prompt = list(request.prompt_token_ids)
             pending = await self.runtime.call(
                 lambda: engine.submit(request.request_id, prompt, params, destination)
@@ -61,7 +56,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self, request: common_pb2.LoadRequest, context: Context
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
-            engine = self._engine()
+            engine = self.runtime.engine(PrefillEngine)
             pool = engine.scheduler.block_pool
             return common_pb2.LoadResponse(
                 num_waiting=len(engine.scheduler.waiting),
