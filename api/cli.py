@@ -12,7 +12,7 @@ import sys
 from typing import Protocol, cast
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("pdserve.core.model_cli", "prepare or inspect a model folder"),
+    "model": ("pdserve.core.model.cli", "prepare or inspect a model folder"),
     "generate": ("pdserve.generate_cli", "generate text (through the router, or --local)"),
     "bench": ("pdserve.bench.cli", "offline throughput benchmarks"),
     "up": ("pdserve.up", "run router + prefill + decode on 127.0.0.1"),

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from pdserve.cluster import Cluster, ClusterSpec
-from pdserve.core.cli_config import add_flag, add_model_arguments
+from pdserve.core.serving.cli_config import add_flag, add_model_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdserve.core.model_source import resolve_model
+    from pdserve.core.model.source import resolve_model
 
     if args.prefill < 1 or args.decode < 1:
         print("pdserve up: --prefill and --decode must be >= 1", file=sys.stderr)

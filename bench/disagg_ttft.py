@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster, ClusterSpec
-from pdserve.core.model_source import resolve_model
+from pdserve.core.model.source import resolve_model
 from pdserve.v1 import common_pb2
 
 

@@ -22,7 +22,7 @@ from pdserve.bench.offline_workload import (
     WorkloadRequest,
     load_workload,
 )
-from pdserve.core.model_source import resolve_model
+from pdserve.core.model.source import resolve_model
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ import torch
 
 from pdserve.bench.offline_engines import BLOCK_SIZE
 from pdserve.core.llm import LLM
-from pdserve.core.model import CausalLM
+from pdserve.core.model.forward import CausalLM
 from pdserve.core.sampling_params import SamplingParams
 
 COPY_BYTES = 1 << 30

@@ -1,8 +1,9 @@
 """Where a step of pdserve's engine spends its time: timers around its parts, no core changes.
 
-The engine's own functions are wrapped on the instances (and on the names `pdserve.core.model`
-and `pdserve.core.model_runner` import), for one run over a workload, then restored. Each
-`perf_counter` pair costs well under a microsecond; a step makes a few hundred of them.
+The engine's own functions are wrapped on the instances (and on the names
+`pdserve.core.model.forward` and `pdserve.core.model_runner` import), for one run over a workload,
+then restored. Each `perf_counter` pair costs well under a microsecond; a step makes a few
+hundred of them.
 
 Parts: scheduler (`Scheduler.schedule`), batch building (`ModelRunner._build_batch`, Python
 lists -> tensors), the model forward split into matmuls (every `F.linear`, lm_head included),
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import pdserve.core.model as model_module
+import pdserve.core.model.forward as model_module
 import pdserve.core.model_runner as runner_module
 from pdserve.core.llm import LLM
 

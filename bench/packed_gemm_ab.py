@@ -1,5 +1,5 @@
-"""A/B of the packed small-batch GEMM (core/gemm.py): the first 32 requests of `mixed` at B=16,
-packing on and off alternately, each run in a fresh process so both see the same machine.
+"""A/B of the packed small-batch GEMM (core/model/gemm.py): the first 32 requests of `mixed` at
+B=16, packing on and off alternately, each run in a fresh process so both see the same machine.
 
     python -m pdserve.bench.packed_gemm_ab [--rounds 2]
 """
@@ -18,12 +18,12 @@ WORKLOAD = Path(__file__).parent / "workloads" / "mixed.json"
 
 def run_once(packed: bool) -> float:
     """Output tokens/s of one continuous-batching pass (called in a child process)."""
-    from pdserve.core import gemm
+    from pdserve.core.model import gemm
 
     if not packed:
         gemm._pack = lambda weight: None  # what a machine without MKL gets
     from pdserve.core.llm import LLM
-    from pdserve.core.model_source import resolve_model
+    from pdserve.core.model.source import resolve_model
     from pdserve.core.sampling_params import SamplingParams
 
     requests = json.loads(WORKLOAD.read_text())[:32]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.transfer_staging import Staging
+from pdserve.core.transfer.staging import Staging
 
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype="float32")
 NUM_BLOCKS = 160
@@ -77,8 +77,8 @@ def _filled_cache(seed: int) -> KVCache:
 def _peer(conn: Connection, role: str, env: dict[str, str], polling: bool) -> None:
     """A prefill or decode process: answers ("expect"|"wait"|"send", args) until "stop"."""
     os.environ.update(env)
-    from pdserve.core.transfer_ucx import KVReceiver, KVSender
-    from pdserve.core.transfer_ucx_runtime import UcxConfig
+    from pdserve.core.transfer.ucx import KVReceiver, KVSender
+    from pdserve.core.transfer.ucx_runtime import UcxConfig
 
     cache = _filled_cache(seed=1 if role == "prefill" else 2)
     config = UcxConfig(progress_polling=polling)

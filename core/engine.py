@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 from pdserve.core.config import EngineConfig
 from pdserve.core.detokenizer import IncrementalDetokenizer
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.model import load_model
-from pdserve.core.model_config import ModelConfig, load_model_config
+from pdserve.core.model.config import ModelConfig, load_model_config
+from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
 from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus

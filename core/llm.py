@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
-from pdserve.core.model_source import resolve_model
+from pdserve.core.model.source import resolve_model
 from pdserve.core.outputs import CompletionOutput, TokenDelta
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler

@@ -12,7 +12,7 @@ import torch
 
 from pdserve.core.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
 from pdserve.core.kv_cache import KVCache
-from pdserve.core.model import CausalLM
+from pdserve.core.model.forward import CausalLM
 from pdserve.core.request import Request
 from pdserve.core.sampler import sample
 from pdserve.core.scheduler import SchedulerOutput

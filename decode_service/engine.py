@@ -41,7 +41,7 @@ from pdserve.core.sampling_params import (
     SamplingParams,
 )
 from pdserve.core.scheduler import blocks_for
-from pdserve.core.transfer_types import KVReceiverLike, TransferDescriptor, TransferState
+from pdserve.core.transfer.interface import KVReceiverLike, TransferDescriptor, TransferState
 
 ReceiverFactory = Callable[[KVCache], KVReceiverLike]
 Delivery = tuple[str, TokenDelta | BaseException]

@@ -9,13 +9,13 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from pdserve.core.grpc_errors import grpc_errors
-from pdserve.core.proto_convert import (
+from pdserve.core.serving.grpc_errors import grpc_errors
+from pdserve.core.serving.proto_convert import (
     descriptor_to_proto,
     finish_reason_to_proto,
     sampling_from_proto,
 )
-from pdserve.core.tier_runtime import TierRuntime
+from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc

@@ -20,7 +20,12 @@ from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.scheduler import blocks_for
-from pdserve.core.transfer_types import KVSenderLike, SendResult, TransferDescriptor, check_layout
+from pdserve.core.transfer.interface import (
+    KVSenderLike,
+    SendResult,
+    TransferDescriptor,
+    check_layout,
+)
 
 
 @dataclass(frozen=True)

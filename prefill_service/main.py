@@ -6,10 +6,10 @@ import argparse
 
 import grpc
 
-from pdserve.core.cli_config import engine_config_from_args, ucx_config_from_args
-from pdserve.core.engine_loop import EngineLoop
-from pdserve.core.model_source import resolve_model
-from pdserve.core.tier_runtime import TierRuntime, add_tier_arguments, run_tier
+from pdserve.core.model.source import resolve_model
+from pdserve.core.serving.cli_config import engine_config_from_args, ucx_config_from_args
+from pdserve.core.serving.engine_loop import EngineLoop
+from pdserve.core.serving.tier_runtime import TierRuntime, add_tier_arguments, run_tier
 
 SERVICE_NAME = "pdserve.v1.Prefill"  # also the readiness name
 DEFAULT_PORT = 50061
@@ -32,7 +32,7 @@ def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
 
 
 def _build_loop(args: argparse.Namespace) -> EngineLoop:
-    from pdserve.core.transfer_ucx import KVSender
+    from pdserve.core.transfer.ucx import KVSender
     from pdserve.prefill_service.engine import PrefillEngine
     from pdserve.prefill_service.metrics import register_engine_gauges
 

@@ -7,9 +7,9 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from pdserve.core.grpc_errors import grpc_errors
-from pdserve.core.proto_convert import descriptor_from_proto, sampling_from_proto
-from pdserve.core.tier_runtime import TierRuntime
+from pdserve.core.serving.grpc_errors import grpc_errors
+from pdserve.core.serving.proto_convert import descriptor_from_proto, sampling_from_proto
+from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.prefill_service import metrics
 from pdserve.prefill_service.engine import PrefillEngine
 from pdserve.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc

@@ -14,14 +14,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.core.cli_config import (
+from pdserve.core.model.source import resolve_model
+from pdserve.core.serving.cli_config import (
     add_flag,
     add_model_arguments,
     add_server_arguments,
     server_config_from_args,
 )
-from pdserve.core.model_source import resolve_model
-from pdserve.core.serving import ServerConfig, ServiceHost
+from pdserve.core.serving.server import ServerConfig, ServiceHost
 from pdserve.router.config import RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.registry import Registry

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from pdserve.core.model_config import load_model_config
-from pdserve.core.proto_convert import sampling_from_proto, sampling_to_proto
+from pdserve.core.model.config import load_model_config
 from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.core.serving.proto_convert import sampling_from_proto, sampling_to_proto
 from pdserve.v1 import common_pb2, generation_pb2
 
 # Longer texts are tokenized off the event loop so one big prompt does not stall every stream.

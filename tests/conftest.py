@@ -12,7 +12,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from pdserve.core.model_source import resolve_model
+    from pdserve.core.model.source import resolve_model
 
     return resolve_model(None)
 

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.cli import build_parser
 from pdserve.client import GenerationClient, build_request
-from pdserve.core.serving import ServerConfig
+from pdserve.core.serving.server import ServerConfig
 from pdserve.router.main import ModelSource, build_router, router_config_from_args, run, serve
 from pdserve.router.testing import fake_tiers
 from pdserve.v1 import common_pb2

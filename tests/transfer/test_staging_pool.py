@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdserve.core.kv_cache import KVLayout
-from pdserve.core.transfer_staging import StagingPool
+from pdserve.core.transfer.staging import StagingPool
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=8, block_size=4, dtype="float32")
 

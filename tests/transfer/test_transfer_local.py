@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.transfer_local import LocalKVReceiver, LocalKVSender, LocalTransferHub
-from pdserve.core.transfer_types import (
+from pdserve.core.transfer.interface import (
     KVReceiverLike,
     KVSenderLike,
     LayoutMismatchError,
@@ -18,6 +17,7 @@ from pdserve.core.transfer_types import (
     TransferState,
     transfer_tag,
 )
+from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=3, head_dim=8, block_size=4, dtype="bfloat16")
 SRC, DST = [3, 7, 1], [10, 2, 5]

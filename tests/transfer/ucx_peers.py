@@ -90,8 +90,8 @@ def run_peer(
     import torch
 
     from pdserve.core.kv_cache import KVCache
-    from pdserve.core.transfer_ucx import KVReceiver, KVSender
-    from pdserve.core.transfer_ucx_runtime import UcxConfig
+    from pdserve.core.transfer.ucx import KVReceiver, KVSender
+    from pdserve.core.transfer.ucx_runtime import UcxConfig
 
     cache = KVCache(layout, num_blocks, "cpu")
     generator = torch.Generator().manual_seed(1 if role == "prefill" else 2)

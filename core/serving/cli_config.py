@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.kv_cache import DTYPES
-from pdserve.core.serving import ServerConfig
+from pdserve.core.serving.server import ServerConfig
 
 if TYPE_CHECKING:
-    from pdserve.core.transfer_ucx_runtime import UcxConfig
+    from pdserve.core.transfer.ucx_runtime import UcxConfig
 
 ENV_PREFIX = "PDSERVE_"
 
@@ -103,7 +103,7 @@ def add_ucx_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def ucx_config_from_args(args: argparse.Namespace) -> UcxConfig:
-    from pdserve.core.transfer_ucx_runtime import UcxConfig  # imports ucxx: only in the tiers
+    from pdserve.core.transfer.ucx_runtime import UcxConfig  # imports ucxx: only in the tiers
 
     return UcxConfig(
         endpoint_error_handling=args.ucx_endpoint_error_handling,

@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass
 
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.transfer_staging import Staging
-from pdserve.core.transfer_types import (
+from pdserve.core.transfer.interface import (
     TOKEN_NBYTES,
     SendResult,
     TransferDescriptor,
@@ -27,6 +26,7 @@ from pdserve.core.transfer_types import (
     check_layout,
     check_send_args,
 )
+from pdserve.core.transfer.staging import Staging
 
 
 class LocalTransferHub:

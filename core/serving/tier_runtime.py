@@ -10,18 +10,18 @@ from typing import TypeVar
 
 import grpc
 
-from pdserve.core.cli_config import (
+from pdserve.core.engine import LLMEngine
+from pdserve.core.errors import DrainingError
+from pdserve.core.outputs import TokenDelta
+from pdserve.core.serving.cli_config import (
     add_engine_arguments,
     add_model_arguments,
     add_server_arguments,
     add_ucx_arguments,
     server_config_from_args,
 )
-from pdserve.core.engine import LLMEngine
-from pdserve.core.engine_loop import EngineLoop
-from pdserve.core.errors import DrainingError
-from pdserve.core.outputs import TokenDelta
-from pdserve.core.serving import ServiceHost
+from pdserve.core.serving.engine_loop import EngineLoop
+from pdserve.core.serving.server import ServiceHost
 
 T = TypeVar("T")
 EngineT = TypeVar("EngineT", bound=LLMEngine)

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from pdserve.core.forward_batch import ForwardBatch
-from pdserve.core.gemm import LinearWeight, linear, prepare
 from pdserve.core.kv_cache import KVCache
-from pdserve.core.model_config import ModelConfig
-from pdserve.core.rotary import RotaryEmbedding, apply_rotary
+from pdserve.core.model.config import ModelConfig
+from pdserve.core.model.gemm import LinearWeight, linear, prepare
+from pdserve.core.model.rotary import RotaryEmbedding, apply_rotary
 from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
 
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from pdserve.core.model_config import ModelConfig, RopeConfig
+from pdserve.core.model.config import ModelConfig, RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:

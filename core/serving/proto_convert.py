@@ -11,7 +11,7 @@ import math
 from pdserve.core.kv_cache import KVLayout
 from pdserve.core.outputs import FinishReason
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
-from pdserve.core.transfer_types import TransferDescriptor
+from pdserve.core.transfer.interface import TransferDescriptor
 from pdserve.v1 import common_pb2
 
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens

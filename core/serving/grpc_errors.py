@@ -16,7 +16,7 @@ from pdserve.core.errors import (
     UnknownRequestError,
 )
 from pdserve.core.sampling_params import DuplicateRequestError, InvalidRequestError
-from pdserve.core.transfer_types import LayoutMismatchError, TransferError
+from pdserve.core.transfer.interface import LayoutMismatchError, TransferError
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from pdserve.core.model_config import load_model_config
-from pdserve.core.model_prepare import convert_gguf, default_gguf_path
-from pdserve.core.model_source import resolve_model
+from pdserve.core.model.config import load_model_config
+from pdserve.core.model.prepare import convert_gguf, default_gguf_path
+from pdserve.core.model.source import resolve_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

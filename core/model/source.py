@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdserve.core.model_prepare import ensure_default_model
+from pdserve.core.model.prepare import ensure_default_model
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "pdserve" / "models"
 

@@ -15,7 +15,7 @@ import threading
 import torch
 
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.transfer_types import TOKEN_NBYTES
+from pdserve.core.transfer.interface import TOKEN_NBYTES
 
 
 class Staging:

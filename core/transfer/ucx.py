@@ -19,7 +19,7 @@ lands. `cancel()` completes the posted receive with a one-byte message from this
 (ucxx exposes no per-request cancel), so the staging buffer is freed at once; a real message
 arriving later stays unmatched, and its sender times out.
 
-Threading: see `transfer_ucx_runtime`. `expect`, `poll`, `cancel` and `send` are thread-safe.
+Threading: see `ucx_runtime`. `expect`, `poll`, `cancel` and `send` are thread-safe.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ import ucxx._lib.libucxx as ucx_api
 from ucxx._lib.arr import Array
 
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.transfer_staging import Staging, StagingPool
-from pdserve.core.transfer_types import (
+from pdserve.core.transfer.interface import (
     TOKEN_NBYTES,
     SendResult,
     TransferDescriptor,
@@ -49,7 +48,8 @@ from pdserve.core.transfer_types import (
     check_send_args,
     transfer_tag,
 )
-from pdserve.core.transfer_ucx_runtime import UcxConfig, UcxRuntime
+from pdserve.core.transfer.staging import Staging, StagingPool
+from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime
 
 CLOSE_PERIOD_NS = 10**9
 CANCEL_TIMEOUT_S = 5.0

@@ -1,0 +1,1 @@
+"""The model: config, GGUF preparation, our own forward over the paged KV cache, GEMM."""

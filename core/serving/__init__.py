@@ -1,0 +1,1 @@
+"""Serving glue shared by both tiers: engine thread, gRPC server, flags, proto conversion."""
