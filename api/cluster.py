@@ -7,6 +7,7 @@ prefill i `base + 10 + i`, decode i `base + 20 + i`; metrics the same offsets fr
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -28,6 +29,15 @@ READINESS = {
 
 
 @dataclass(frozen=True)
+class CpuPin:
+    """Runs one process on these CPUs only, with as many torch threads (same-budget benchmarks)."""
+
+    role: str  # router | prefill | decode
+    index: int
+    cpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     model_dir: Path
     num_prefill: int = 1
@@ -38,6 +48,7 @@ class ClusterSpec:
     router_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # extra environment (UCX_* for tests)
     drain_grace_seconds: float = 10.0
+    pins: tuple[CpuPin, ...] = ()  # processes not named here run on every CPU
 
 
 @dataclass(frozen=True)
@@ -101,7 +112,17 @@ class Cluster:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             output = open(self.log_dir / f"{role}-{index}.log", "wb")  # noqa: SIM115 (lives with the child)
         env = {**os.environ, **dict(spec.env)}
-        popen = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
+        cpus = next((p.cpus for p in spec.pins if (p.role, p.index) == (role, index)), None)
+        if cpus is not None:
+            env["OMP_NUM_THREADS"] = str(len(cpus))  # torch's intra-op threads = pinned CPUs
+        popen = subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            # In the child before exec, so every thread the worker ever starts inherits the mask.
+            preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
+        )
         self.processes.append(Process(role, index, port, metrics_port, popen))
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
