@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import grpc
@@ -37,6 +38,11 @@ BAD_REQUESTS = [
         "sampling.temperature",
     ),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(top_p=1.5)), "sampling.top_p"),
+    *(
+        (request(prompt="hi", sampling=common_pb2.SamplingParams(**{name: value})), f"sampling.{name}")
+        for name in ("temperature", "top_p")
+        for value in (math.inf, -math.inf, math.nan)
+    ),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(top_k=-2)), "sampling.top_k"),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(stop=["a"] * 5)), "sampling.stop"),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(stop=[""])), "sampling.stop"),
