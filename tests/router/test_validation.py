@@ -39,7 +39,10 @@ BAD_REQUESTS = [
     ),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(top_p=1.5)), "sampling.top_p"),
     *(
-        (request(prompt="hi", sampling=common_pb2.SamplingParams(**{name: value})), f"sampling.{name}")
+        (
+            request(prompt="hi", sampling=common_pb2.SamplingParams(**{name: value})),
+            f"sampling.{name}",
+        )
         for name in ("temperature", "top_p")
         for value in (math.inf, -math.inf, math.nan)
     ),
