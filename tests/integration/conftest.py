@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.cluster import Cluster, ClusterSpec, ClusterTls
 
 # Small pools keep five processes within the CI machine's memory.
 WORKER_ARGS = ("--num-kv-blocks", "256", "--num-swap-blocks", "64")
@@ -35,7 +35,13 @@ def _is_free(port: int) -> bool:
         return True
 
 
-def start_cluster(model_dir: Path, log_dir: Path, num_prefill: int, num_decode: int) -> Cluster:
+def start_cluster(
+    model_dir: Path,
+    log_dir: Path,
+    num_prefill: int,
+    num_decode: int,
+    tls: ClusterTls | None = None,
+) -> Cluster:
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=num_prefill,
@@ -45,6 +51,7 @@ def start_cluster(model_dir: Path, log_dir: Path, num_prefill: int, num_decode: 
         worker_args=WORKER_ARGS,
         env=UCX_ENV,
         drain_grace_seconds=5.0,
+        tls=tls,
     )
     cluster = Cluster(spec, log_dir)
     cluster.start()
