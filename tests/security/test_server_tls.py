@@ -17,6 +17,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.core.serving.server import ServerConfig, ServiceHost
 from pdserve.core.serving.tls import ServerTls
+from pdserve.v1 import (
+    decode_pb2,
+    decode_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    prefill_pb2,
+    prefill_pb2_grpc,
+)
 
 from .certs import Authority, Issued, issue, make_ca
 
@@ -149,3 +157,49 @@ def test_undecodable_bytes_are_invalid_argument_logged_once(
     assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 30
     lines = [r for r in caplog.records if "undecodable request" in r.getMessage()]
     assert len(lines) == 1 and "Traceback" not in caplog.text
+
+
+def test_every_pdserve_method_refuses_undecodable_bytes() -> None:
+    """The generated add_*_to_server registrations (router, prefill, decode services) all pass
+    through the guard: garbage never reaches a servicer, whatever the method."""
+    services = {
+        generation_pb2.DESCRIPTOR.services_by_name["Generation"]: (
+            generation_pb2_grpc.add_GenerationServicer_to_server,
+            generation_pb2_grpc.GenerationServicer(),
+        ),
+        prefill_pb2.DESCRIPTOR.services_by_name["Prefill"]: (
+            prefill_pb2_grpc.add_PrefillServicer_to_server,
+            prefill_pb2_grpc.PrefillServicer(),
+        ),
+        decode_pb2.DESCRIPTOR.services_by_name["Decode"]: (
+            decode_pb2_grpc.add_DecodeServicer_to_server,
+            decode_pb2_grpc.DecodeServicer(),
+        ),
+    }
+
+    async def body() -> dict[str, grpc.StatusCode]:
+        config = ServerConfig(HOST, free_port(), free_port(), 1.0)
+        host = ServiceHost(config, SERVICE, [SERVICE])
+        for add, servicer in services.values():
+            add(servicer, host.server)
+        await host.start()
+        codes = {}
+        try:
+            async with grpc.aio.insecure_channel(f"{HOST}:{config.port}") as channel:
+                for service in services:
+                    for method in service.methods:
+                        path = f"/{service.full_name}/{method.name}"
+                        multi = (
+                            channel.unary_stream
+                            if method.server_streaming
+                            else (channel.unary_unary)
+                        )
+                        call = multi(path)(b"\xff\xff\xff\xff", timeout=5)
+                        codes[path] = await call.code()
+        finally:
+            await host.server.stop(None)
+        return codes
+
+    codes = asyncio.run(body())
+    assert len(codes) == sum(len(service.methods) for service in services)
+    assert set(codes.values()) == {grpc.StatusCode.INVALID_ARGUMENT}, codes
