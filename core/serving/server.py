@@ -65,8 +65,8 @@ class ServiceHost:
     def __init__(self, config: ServerConfig, readiness_name: str, service_names: list[str]) -> None:
         self.config = config
         self.readiness_name = readiness_name
-        tls = config.tls
-        check_peer = allowed_peers(tls.allowed_clients) if tls and tls.allowed_clients else None
+        names = config.tls.allowed_clients if config.tls is not None else ()
+        check_peer = allowed_peers(names) if names else None
         self.server = grpc.aio.server(
             options=[("grpc.so_reuseport", 0), *message_limits(config.max_message_bytes)],
             interceptors=[RequestGuard(check_peer)],
