@@ -42,21 +42,19 @@ Streaming = Callable[[Any, Context], AsyncIterator[Any]]
 class RateLimitedLog:
     """At most one line per interval; the line counts the events it stood for."""
 
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self._clock = clock
         self._next_at = float("-inf")
         self._suppressed = 0
 
-    def warning(self, message: str, *args: object) -> bool:
+    def warning(self, message: str, *args: object) -> None:
         """Logs `message` (with how many were held back) unless one went out lately."""
-        now = self._clock()
+        now = time.monotonic()
         if now < self._next_at:
             self._suppressed += 1
-            return False
+            return
         log.warning(message + " (%d more since the last report)", *args, self._suppressed)
         self._next_at, self._suppressed = now + self.interval_s, 0
-        return True
 
 
 _UNDECODABLE_LOG = RateLimitedLog(_LOG_INTERVAL_S)
