@@ -40,6 +40,8 @@ def start_cluster(
     log_dir: Path,
     num_prefill: int,
     num_decode: int,
+    router_args: tuple[str, ...] = (),
+    worker_args: tuple[str, ...] = WORKER_ARGS,
     tls: ClusterTls | None = None,
 ) -> Cluster:
     spec = ClusterSpec(
@@ -48,7 +50,8 @@ def start_cluster(
         num_decode=num_decode,
         base_port=free_port_base(),
         metrics_base_port=free_port_base(),
-        worker_args=WORKER_ARGS,
+        worker_args=worker_args,
+        router_args=router_args,
         env=UCX_ENV,
         drain_grace_seconds=5.0,
         tls=tls,
