@@ -50,19 +50,13 @@ def wait_all_blocks_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
         time.sleep(0.1)
 
 
-def metric(process: Process, name: str, **labels: str) -> float:
-    """The value of one metric from the process's /metrics page; with labels, of that series
-    (0 when the series has not been counted yet)."""
+def metric(process: Process, name: str) -> float:
+    """The value of one unlabelled metric from the process's /metrics page."""
     url = f"http://127.0.0.1:{process.metrics_port}/metrics"
-    series = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}")
     with urllib.request.urlopen(url, timeout=5) as page:
         for line in page.read().decode().splitlines():
-            if not labels and line.startswith(name + " "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
-            if labels and line.startswith(series + " "):
-                return float(line.split()[1])
-    if labels:
-        return 0.0
     raise KeyError(f"{name} not on {url}")
 
 

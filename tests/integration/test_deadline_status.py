@@ -15,7 +15,7 @@ from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster
 
 from .conftest import start_cluster
-from .helpers import metric
+from .helpers import labelled_metric
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def small_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def counted(cluster: Cluster, code: str) -> float:
-    return metric(cluster.router, REQUESTS, code=code, method="Generate")
+    return labelled_metric(cluster.router, REQUESTS, code=code, method="Generate")
 
 
 def test_expired_deadlines_are_counted_deadline_exceeded(small_cluster: Cluster) -> None:
