@@ -142,7 +142,10 @@ class RequestValidator:
             raise InvalidRequestError(
                 "prompt", "must not be empty (set prompt or prompt_token_ids)"
             )
-        return tuple(await self._encode(request.prompt))
+        token_ids = tuple(await self._encode(request.prompt))
+        if not token_ids:  # e.g. only control characters the tokenizer drops
+            raise InvalidRequestError("prompt", "tokenizes to no tokens")
+        return token_ids
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= _INLINE_TOKENIZE_CHARS:
