@@ -1,0 +1,192 @@
+"""The measured cost model: what one engine step costs, as a function of what it runs.
+
+A step's cost is predicted from five features of its plan (`StepShape`) by a linear model fitted
+with least squares, constrained to non-negative coefficients:
+
+    seconds = fixed + per_prefill_token * prefill_tokens + per_attended_pair * prefill_pairs
+              + per_decode_seq * decode_seqs + per_context_token * decode_context
+
+Why linear in these: on this engine a step is a fixed cost (Python, scheduling, sampling setup),
+GEMMs whose cost grows with the tokens in the batch (prompt tokens, and one per decoding sequence),
+and attention, which reads every earlier token: `decode_context` tokens for the decodes and
+`new * (start + new)` query-key pairs for a prefill chunk. Vidur fits random forests per operator;
+a forest cannot extrapolate past the profiled grid (a planner asks about bigger batches than the
+profile ran) and five coefficients can be read and checked by hand.
+
+Block copies are priced per block: swap (device <-> CPU pool, on the engine thread) and KV
+transfer (gather into the staging buffer on prefill's thread, the wire, scatter on decode).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROFILE_VERSION = 1
+FEATURES = ("fixed", "prefill_tokens", "prefill_pairs", "decode_seqs", "decode_context")
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step runs: the features the cost model reads."""
+
+    prefill_tokens: int = 0  # new tokens of chunks with more than one token
+    prefill_pairs: int = 0  # sum over those chunks of new * (start + new)
+    decode_seqs: int = 0  # chunks of one token
+    decode_context: int = 0  # sum of their context lengths (start + 1)
+
+    @classmethod
+    def of(cls, chunks: Sequence[tuple[int, int]]) -> StepShape:
+        """From (start, num_new) per scheduled request, as the runner sees them."""
+        prefill = [(s, n) for s, n in chunks if n > 1]
+        decode = [s + 1 for s, n in chunks if n == 1]
+        return cls(
+            prefill_tokens=sum(n for _, n in prefill),
+            prefill_pairs=sum(n * (s + n) for s, n in prefill),
+            decode_seqs=len(decode),
+            decode_context=sum(decode),
+        )
+
+    def vector(self) -> list[float]:
+        return [
+            1.0,
+            self.prefill_tokens,
+            self.prefill_pairs,
+            self.decode_seqs,
+            self.decode_context,
+        ]
+
+
+@dataclass(frozen=True)
+class StepSample:
+    scenario: str
+    shape: StepShape
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BlockCosts:
+    """Seconds per KV block (plus the wire's bandwidth) for copies outside the forward."""
+
+    block_nbytes: int
+    swap_s: float  # one block, device -> CPU pool or back
+    gather_s: float  # prefill: one block into the staging buffer (blocks the prefill step)
+    scatter_s: float  # decode: one block from the staging buffer into the cache
+    wire_bytes_per_s: float  # documented, not measured here (see docs/planning.md)
+
+    def delivery_s(self, num_blocks: int) -> float:
+        """Wire + scatter of a prompt's blocks, after prefill's step gathered them."""
+        return num_blocks * (self.block_nbytes / self.wire_bytes_per_s + self.scatter_s)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    coefficients: tuple[float, ...]  # one per FEATURES entry, seconds per unit
+
+    def step_seconds(self, shape: StepShape) -> float:
+        return float(sum(c * x for c, x in zip(self.coefficients, shape.vector(), strict=True)))
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: CostModel
+    blocks: BlockCosts
+    block_size: int
+    environment: Mapping[str, str] = field(default_factory=dict)  # device, dtype, model, torch
+    samples: tuple[StepSample, ...] = ()
+    version: int = PROFILE_VERSION
+
+    def step_seconds(self, shape: StepShape, swapped_blocks: int = 0) -> float:
+        return self.model.step_seconds(shape) + swapped_blocks * self.blocks.swap_s
+
+    def save(self, path: Path) -> None:
+        document = {
+            "version": self.version,
+            "environment": dict(self.environment),
+            "block_size": self.block_size,
+            "fitted": {
+                "features": list(FEATURES),
+                "coefficients": list(self.model.coefficients),
+                "r2": fit_r2(self.model, self.samples),
+            },
+            "blocks": asdict(self.blocks),
+            "samples": [
+                {"scenario": s.scenario, **asdict(s.shape), "seconds": s.seconds}
+                for s in self.samples
+            ],
+        }
+        path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def fit(samples: Sequence[StepSample]) -> CostModel:
+    """Least squares on relative error (rows weighted by 1 / seconds: a 100 ms decode step off by
+    50 ms matters as much as a 10 s prefill off by 5 s), every coefficient >= 0: a feature whose
+    fitted weight is negative is dropped and the rest refitted (more work never costs less)."""
+    if len(samples) < len(FEATURES):
+        raise ProfileError(f"samples: need at least {len(FEATURES)} to fit, got {len(samples)}")
+    weights = np.array([1.0 / s.seconds for s in samples])
+    x = np.array([s.shape.vector() for s in samples]) * weights[:, None]
+    y = np.ones(len(samples))  # seconds * weight
+    active = list(range(len(FEATURES)))
+    while True:
+        solution, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        negative = [i for i, c in zip(active, solution, strict=True) if c < 0]
+        if not negative:
+            break
+        active.remove(negative[0])
+    coefficients = [0.0] * len(FEATURES)
+    for index, value in zip(active, solution, strict=True):
+        coefficients[index] = float(value)
+    return CostModel(tuple(coefficients))
+
+
+def fit_r2(model: CostModel, samples: Sequence[StepSample]) -> float | None:
+    if len(samples) < 2:
+        return None
+    y = np.array([s.seconds for s in samples])
+    predicted = np.array([model.step_seconds(s.shape) for s in samples])
+    total = float(((y - y.mean()) ** 2).sum())
+    return None if total == 0 else 1.0 - float(((y - predicted) ** 2).sum()) / total
+
+
+def load_profile(path: Path) -> Profile:
+    try:
+        document = json.loads(path.read_text())
+    except OSError as error:
+        raise ProfileError(f"profile: cannot read {path}: {error.strerror}") from error
+    except json.JSONDecodeError as error:
+        raise ProfileError(f"profile: {path} is not valid JSON: {error.msg}") from error
+    return parse_profile(document)
+
+
+def parse_profile(document: Any) -> Profile:
+    if not isinstance(document, dict):
+        raise ProfileError("profile: must be a JSON object")
+    if document.get("version") != PROFILE_VERSION:
+        raise ProfileError(f"version: expected {PROFILE_VERSION}, got {document.get('version')!r}")
+    try:
+        fitted = document["fitted"]
+        if list(fitted["features"]) != list(FEATURES):
+            raise ProfileError(f"fitted.features: expected {list(FEATURES)}")
+        model = CostModel(tuple(float(c) for c in fitted["coefficients"]))
+        blocks = BlockCosts(**document["blocks"])
+        samples = tuple(
+            StepSample(
+                s["scenario"],
+                StepShape(**{k: s[k] for k in StepShape.__dataclass_fields__}),
+                s["seconds"],
+            )
+            for s in document.get("samples", [])
+        )
+        return Profile(model, blocks, int(document["block_size"]), document["environment"], samples)
+    except (KeyError, TypeError) as error:
+        raise ProfileError(f"profile: missing or malformed field {error}") from error
