@@ -101,7 +101,7 @@ def run_scenario(
 
 
 def measure_blocks(engine: LLMEngine, repeats: int = 5, count: int = 32) -> BlockCosts:
-    """Median seconds per block of swap-out, staging gather and staging scatter of `count` blocks."""
+    """Median seconds per block of swap-out, staging gather and scatter, `count` blocks at once."""
     ids = list(range(count))
     swap = SchedulerOutput({}, tuple(zip(ids, ids, strict=True)), (), ())
     staging = Staging(engine.layout, count)

@@ -1,4 +1,4 @@
-"""`pdserve profile --out FILE [--model PATH]`: measure this engine, fit the cost model, write it."""
+"""`pdserve profile --out FILE [--model PATH]`: measure this engine, fit its cost model."""
 
 from __future__ import annotations
 

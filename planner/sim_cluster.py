@@ -1,0 +1,136 @@
+"""A discrete-event simulation of the router and its prefill and decode workers.
+
+The router does what `router/dispatch.py` does, with its least-loaded choice (`router/policy.py`)
+made on exact loads instead of polled ones: pick a decode worker, Reserve the prompt's blocks
+there; once granted, pick a prefill worker and send it the prompt; when prefill finishes, its KV
+crosses to decode (wire + scatter from the profile) and decode admits the request at its next loop
+turn, which is when the client sees the first token. In colocated mode (no prefill workers) and,
+with a disaggregation threshold, for prompts shorter than it, the prompt goes straight to a decode
+worker and is prefilled there in chunks inside its continuous batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pdserve.core.config import EngineConfig
+from pdserve.core.scheduler import Scheduler, blocks_for
+from pdserve.planner.profile import Profile
+from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
+from pdserve.planner.workload import TraceRequest
+
+
+@dataclass(frozen=True)
+class Deployment:
+    num_prefill: int
+    num_decode: int
+    prefill_config: EngineConfig = field(default_factory=EngineConfig)
+    decode_config: EngineConfig = field(default_factory=EngineConfig)
+    disagg_threshold: int = 0  # prompts shorter than this are prefilled on decode; 0: none are
+
+    def __post_init__(self) -> None:
+        if self.num_prefill < 0:
+            raise ValueError(f"prefill: must be >= 0, got {self.num_prefill}")
+        if self.num_decode < 1:
+            raise ValueError(f"decode: must be >= 1, got {self.num_decode}")
+        if self.disagg_threshold < 0:
+            raise ValueError(f"disagg_threshold: must be >= 0, got {self.disagg_threshold}")
+
+    @property
+    def name(self) -> str:
+        threshold = (
+            f" T{self.disagg_threshold}" if self.disagg_threshold and self.num_prefill else ""
+        )
+        return f"{self.num_prefill}P{self.num_decode}D{threshold}"
+
+    def colocated(self, prompt_tokens: int) -> bool:
+        return self.num_prefill == 0 or prompt_tokens < self.disagg_threshold
+
+
+@dataclass(frozen=True)
+class SimResult:
+    journeys: tuple[Journey, ...]
+    usage: tuple[UsageSample, ...]
+    num_steps: int
+    num_preemptions: int
+    end_s: float  # when the last event happened
+
+
+class ClusterSim:
+    def __init__(
+        self,
+        deployment: Deployment,
+        profile: Profile,
+        scheduler_class: type[Scheduler] = Scheduler,
+    ) -> None:
+        self.deployment = deployment
+        self.profile = profile
+        self._events: list[tuple[float, int, Callable[[float], None]]] = []
+        self._order = itertools.count()
+        self.now = 0.0
+        self.prefill = [
+            SimWorker(f"prefill-{i}", Role.PREFILL, deployment.prefill_config, profile, self.at,
+                      scheduler_class)
+            for i in range(deployment.num_prefill)
+        ]  # fmt: skip
+        self.decode = [
+            SimWorker(f"decode-{i}", Role.DECODE, deployment.decode_config, profile, self.at,
+                      scheduler_class)
+            for i in range(deployment.num_decode)
+        ]  # fmt: skip
+        for worker in self.prefill:
+            worker.on_prefilled = self._prefilled
+        self._decode_of: dict[str, SimWorker] = {}
+        self._turns = itertools.count()
+
+    def at(self, time: float, action: Callable[[float], None]) -> None:
+        heapq.heappush(self._events, (time, next(self._order), action))
+
+    def run(self, requests: Sequence[TraceRequest]) -> SimResult:
+        journeys = [
+            Journey(index, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for index, r in enumerate(sorted(requests, key=lambda r: r.arrival_s))
+        ]
+        for journey in journeys:
+            self.at(journey.arrival_s, lambda now, j=journey: self._arrive(j, now))
+        while self._events:
+            self.now, _, action = heapq.heappop(self._events)
+            action(self.now)
+        workers = self.prefill + self.decode
+        return SimResult(
+            journeys=tuple(journeys),
+            usage=tuple(sorted((u for w in workers for u in w.usage), key=lambda u: u.time)),
+            num_steps=sum(w.num_steps for w in workers),
+            num_preemptions=sum(w.scheduler.num_preemptions for w in workers),
+            end_s=self.now,
+        )
+
+    def _arrive(self, journey: Journey, now: float) -> None:
+        decode = self._least_loaded(self.decode)
+        if self.deployment.colocated(journey.prompt_tokens):
+            decode.add_prompt(now, journey, lambda at: None)
+        else:
+            self._decode_of[journey.request_id] = decode
+            decode.reserve(now, journey, lambda at: self._send_to_prefill(journey, at))
+
+    def _send_to_prefill(self, journey: Journey, now: float) -> None:
+        # The grant comes from inside the decode worker's loop turn; the Prefill call that follows
+        # is a new event so the two workers' turns never nest.
+        prefill = self._least_loaded(self.prefill)
+        self.at(now, lambda at: prefill.add_prompt(at, journey, lambda _: None))
+
+    def _prefilled(self, journey: Journey, now: float) -> None:
+        decode = self._decode_of.pop(journey.request_id)
+        num_blocks = blocks_for(journey.prompt_tokens, self.deployment.decode_config.block_size)
+        landed = now + self.profile.blocks.delivery_s(num_blocks)
+        self.at(landed, lambda at: decode.kv_landed(at, journey))
+
+    def _least_loaded(self, workers: list[SimWorker]) -> SimWorker:
+        """router/policy.py's choice: the smallest load key, exact ties round robin."""
+        keys = [worker.load() for worker in workers]
+        best = min(keys)
+        tied = [worker for worker, key in zip(workers, keys, strict=True) if key == best]
+        return tied[next(self._turns) % len(tied)]
