@@ -30,6 +30,10 @@ class Deployment:
     prefill_config: EngineConfig = field(default_factory=EngineConfig)
     decode_config: EngineConfig = field(default_factory=EngineConfig)
     disagg_threshold: int = 0  # prompts shorter than this are prefilled on decode; 0: none are
+    # Fraction of the profiled device each worker of a tier gets: 0.5 for two workers pinned to
+    # one core (both busy, each at half speed), as the 2-core validation runs are.
+    prefill_share: float = 1.0
+    decode_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.num_prefill < 0:
@@ -73,12 +77,12 @@ class ClusterSim:
         self.now = 0.0
         self.prefill = [
             SimWorker(f"prefill-{i}", Role.PREFILL, deployment.prefill_config, profile, self.at,
-                      scheduler_class)
+                      scheduler_class, deployment.prefill_share)
             for i in range(deployment.num_prefill)
         ]  # fmt: skip
         self.decode = [
             SimWorker(f"decode-{i}", Role.DECODE, deployment.decode_config, profile, self.at,
-                      scheduler_class)
+                      scheduler_class, deployment.decode_share)
             for i in range(deployment.num_decode)
         ]  # fmt: skip
         for worker in self.prefill:

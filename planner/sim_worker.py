@@ -76,11 +76,13 @@ class SimWorker:
         profile: Profile,
         at: Schedule,
         scheduler_class: type[Scheduler] = Scheduler,
+        share: float = 1.0,
         usage_interval_s: float = 1.0,
     ) -> None:
         self.name, self.role, self.config, self.profile = name, role, config, profile
         self.scheduler = scheduler_class(config)
         self._at = at
+        self._share = share  # of the profiled device: step times are divided by it
         self.journeys: dict[str, Journey] = {}
         self.requests: dict[str, Request] = {}
         self._commands: list[Callable[[float], None]] = []
@@ -157,6 +159,7 @@ class SimWorker:
             shipped = sum(blocks_for(c.num_tokens, self.config.block_size) for c in chunks
                           if c.completes)  # fmt: skip
             seconds += shipped * self.profile.blocks.gather_s
+        seconds /= self._share
         self._record_usage(now)
         self._busy = True
         self.num_steps += 1

@@ -1,0 +1,173 @@
+"""`pdserve simulate --validate`: the simulator against the real cluster, on this machine.
+
+For each configuration (`1P1D`: prefill pinned to core 0, decode to core 1; `1P2D`: both decode
+workers share core 1; `2P1D`: both prefill workers share core 0) it starts the real router and
+workers (`api/cluster.py`), warms them up, and at each rate drives `pdserve loadtest` with the
+workload's requests as GenerateStream calls started at i / rate (the load runner's constant
+schedule, so the rates are whole numbers, as ghz's `rps` is); then it simulates the same trace
+with the profile and prints, per configuration, rate and metric, the real and simulated values
+and error = |sim - real| / real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pdserve.cluster import Cluster, ClusterSpec, CpuPin
+from pdserve.core.config import EngineConfig
+from pdserve.core.model.source import resolve_model
+from pdserve.planner.profile import Profile
+from pdserve.planner.sim_cluster import ClusterSim, Deployment
+from pdserve.planner.sim_report import summarize
+from pdserve.planner.workload import PoissonSpec, TraceRequest, Workload, requests_of
+
+METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "throughput")
+BASE_PORT, METRICS_PORT = 53000, 53500  # the planner's port range (docs/contract.md)
+FIRST_ID, VOCAB = 100, 49152  # random prompt ids: SmolLM2's vocabulary without its special ids
+
+
+def run_validation(
+    args: argparse.Namespace, profile: Profile, workload: Workload, engine: EngineConfig
+) -> int:
+    rates = _rates(args.rates, workload)
+    configs = [_parse_config(name) for name in args.configs.split(",")]
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="pdserve-validate-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traces = {rate: validation_trace(workload, rate, args.traffic_s) for rate in rates}
+    for num_prefill, num_decode in configs:
+        name = f"{num_prefill}P{num_decode}D"
+        real = run_real(resolve_model(args.model), num_prefill, num_decode, engine, traces, out_dir)
+        for rate, trace in traces.items():
+            sim = simulated(profile, num_prefill, num_decode, engine, trace)
+            for metric in METRICS:
+                line = {"config": name, "rate": rate, "metric": metric, "real": real[rate][metric],
+                        "sim": sim[metric], "error": _error(sim[metric], real[rate][metric]),
+                        "loadavg": real[rate]["loadavg"]}  # fmt: skip
+                print(json.dumps(line) if args.json else _text(line), flush=True)
+    return 0
+
+
+def _rates(text: str | None, workload: Workload) -> list[int]:
+    if text is None:
+        base = round(workload.rate) if isinstance(workload, PoissonSpec) else 1
+        return [max(base - 1, 1), max(base, 2), max(base + 1, 3)]
+    rates = [int(part) for part in text.split(",")]
+    if len(rates) != 3 or min(rates) < 1:
+        raise ValueError(f"--rates: three whole numbers >= 1, got {text!r}")
+    return rates
+
+
+def _parse_config(name: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d)P(\d)D", name.strip())
+    if match is None or name.strip() not in ("1P1D", "1P2D", "2P1D"):
+        raise ValueError(f"--configs: each one of 1P1D, 1P2D, 2P1D, got {name!r}")
+    return int(match[1]), int(match[2])
+
+
+def validation_trace(workload: Workload, rate: int, traffic_s: float) -> list[TraceRequest]:
+    """The workload's lengths, in order, arriving every 1 / rate seconds (the runner's schedule)."""
+    lengths = requests_of(workload)
+    count = int(rate * traffic_s)
+    return [
+        TraceRequest(i / rate, lengths[i % len(lengths)].prompt_tokens,
+                     lengths[i % len(lengths)].output_tokens)
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def simulated(
+    profile: Profile, num_prefill: int, num_decode: int, engine: EngineConfig,
+    trace: list[TraceRequest],
+) -> dict[str, float]:  # fmt: skip
+    deployment = Deployment(
+        num_prefill, num_decode, engine, engine,
+        prefill_share=1.0 / num_prefill, decode_share=1.0 / num_decode,
+    )  # fmt: skip
+    summary = summarize(ClusterSim(deployment, profile).run(trace))
+    return {**summary, "throughput": summary["throughput_tokens_per_s"]}
+
+
+def run_real(
+    model_dir: Path, num_prefill: int, num_decode: int, engine: EngineConfig,
+    traces: dict[int, list[TraceRequest]], out_dir: Path,
+) -> dict[int, dict[str, Any]]:  # fmt: skip
+    pins = tuple(CpuPin("prefill", i, (0,)) for i in range(num_prefill)) + tuple(
+        CpuPin("decode", i, (1,)) for i in range(num_decode)
+    )
+    spec = ClusterSpec(
+        model_dir, num_prefill, num_decode, BASE_PORT, METRICS_PORT,
+        worker_args=_engine_flags(engine), pins=pins,
+    )  # fmt: skip
+    name = f"{num_prefill}P{num_decode}D"
+    results: dict[int, dict[str, Any]] = {}
+    with Cluster(spec, log_dir=out_dir / f"{name}-logs") as cluster:
+        cluster.wait_ready()
+        warm_up = [TraceRequest(0.0, 16, 4)] * 2
+        _load(warm_up, 1, cluster.router.address, out_dir / f"{name}-warmup")
+        for rate, trace in traces.items():
+            loadavg = Path("/proc/loadavg").read_text().split()[:3]
+            report = _load(trace, rate, cluster.router.address, out_dir / f"{name}-r{rate}")
+            results[rate] = {**real_metrics(report), "loadavg": " ".join(loadavg)}
+    return results
+
+
+def _engine_flags(engine: EngineConfig) -> tuple[str, ...]:
+    flags = ("block_size", "num_kv_blocks", "num_swap_blocks", "max_num_seqs",
+             "max_num_batched_tokens")  # fmt: skip
+    return tuple(
+        part for flag in flags
+        for part in (f"--{flag.replace('_', '-')}", str(getattr(engine, flag)))
+    )  # fmt: skip
+
+
+def _load(trace: list[TraceRequest], rate: int, host: str, stem: Path) -> dict[str, Any]:
+    """Runs `pdserve loadtest` on a config made from the trace; returns its report."""
+    rng = random.Random(0)
+    data = [
+        {"prompt_token_ids": {"ids": _prompt(rng, r.prompt_tokens)},
+         "sampling": {"max_tokens": r.output_tokens, "temperature": 0, "ignore_eos": True}}
+        for r in trace
+    ]  # fmt: skip
+    config = {
+        "call": "pdserve.v1.Generation.GenerateStream", "host": host, "insecure": True,
+        "rps": rate, "total": len(trace), "concurrency": 512, "timeout": "600s", "data": data,
+    }  # fmt: skip
+    config_path, report_path = stem.with_suffix(".config.json"), stem.with_suffix(".report.json")
+    config_path.write_text(json.dumps(config))
+    command = [sys.executable, "-m", "pdserve", "loadtest", str(config_path), "-q",
+               "-o", str(report_path)]  # fmt: skip
+    subprocess.run(command, check=True)
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    return report
+
+
+def _prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(FIRST_ID, VOCAB) for _ in range(length)]
+
+
+def real_metrics(report: dict[str, Any]) -> dict[str, float]:
+    generation = report["generation"]
+    metrics = {"throughput": float(generation["outputTokensPerSecond"])}
+    for name, key in (("ttft", "timeToFirstToken"), ("itl", "interTokenLatency")):
+        marks = {m["percentage"]: m["latency"] for m in generation[key]["latencyDistribution"]}
+        metrics[f"{name}_p50"], metrics[f"{name}_p90"] = marks[50] / 1e9, marks[90] / 1e9
+    return metrics
+
+
+def _error(sim: float, real: float) -> float:
+    return abs(sim - real) / real if real else float("inf")
+
+
+def _text(line: dict[str, Any]) -> str:
+    return (
+        f"{line['config']:5} rate {line['rate']}/s {line['metric']:11} real {line['real']:9.4f} "
+        f"sim {line['sim']:9.4f} error {line['error']:6.1%} (load {line['loadavg']})"
+    )
