@@ -11,6 +11,7 @@ worker and is prefilled there in chunks inside its continuous batch.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
@@ -99,7 +100,7 @@ class ClusterSim:
             for index, r in enumerate(sorted(requests, key=lambda r: r.arrival_s))
         ]
         for journey in journeys:
-            self.at(journey.arrival_s, lambda now, j=journey: self._arrive(j, now))
+            self.at(journey.arrival_s, functools.partial(self._arrive, journey))
         while self._events:
             self.now, _, action = heapq.heappop(self._events)
             action(self.now)
