@@ -25,7 +25,14 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
 from pdserve.core.transfer.interface import TOKEN_NBYTES
 from pdserve.core.transfer.staging import Staging
-from pdserve.planner.profile import BlockCosts, Profile, StepSample, StepShape, fit
+from pdserve.planner.profile import (
+    BlockCosts,
+    Profile,
+    StepSample,
+    StepShape,
+    contention_of,
+    fit,
+)
 
 # Loopback wire bandwidth for KV transfers, bytes/s: docs/transfer.md measured 46 MB in 17-95 ms
 # on the wire (0.5-2.7 GB/s) on this 2-core box; 1 GB/s sits inside that range. Timing the wire
@@ -90,12 +97,12 @@ def run_scenario(
                 max_tokens=arrival.output_tokens, temperature=0.0, ignore_eos=True
             )
             engine.add_request(prompt, params)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         engine.step()
-        seconds = time.perf_counter() - started
+        seconds, cpu_seconds = time.perf_counter() - started, time.thread_time() - cpu_started
         scheduler = engine.scheduler
         assert isinstance(scheduler, RecordingScheduler)
-        samples.append(StepSample(name, scheduler.last_shape, seconds))
+        samples.append(StepSample(name, scheduler.last_shape, seconds, cpu_seconds))
         step += 1
     return samples
 
@@ -151,9 +158,11 @@ def measure(model_dir: Path, config: EngineConfig, repeats: int, seed: int = 0) 
         "loadavg": Path("/proc/loadavg").read_text().strip(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    cpu_clock = config.device == "cpu"
     return Profile(
-        fit(samples), measure_blocks(engine), config.block_size, environment, tuple(samples)
-    )
+        fit(samples, cpu_clock), measure_blocks(engine), config.block_size, environment,
+        tuple(samples), contention_of(samples) if cpu_clock else 1.0,
+    )  # fmt: skip
 
 
 def _device_name(device: str) -> str:

@@ -13,6 +13,13 @@ and attention, which reads every earlier token: `decode_context` tokens for the 
 a forest cannot extrapolate past the profiled grid (a planner asks about bigger batches than the
 profile ran) and five coefficients can be read and checked by hand.
 
+On a CPU the fit is made on each step's thread CPU time, not its wall time: on a shared machine
+the wall time of the same step swings with what else runs on the core, and those swings would
+drown the differences between shapes. The profile keeps the median wall / CPU ratio of its steps
+(`contention`: 1.0 on a quiet core) and predictions are the CPU-time model times that ratio. On a
+GPU, where the host thread's CPU time says nothing about the kernels, the fit is on wall time and
+`contention` is 1.
+
 Block copies are priced per block: swap (device <-> CPU pool, on the engine thread) and KV
 transfer (gather into the staging buffer on prefill's thread, the wire, scatter on decode).
 """
@@ -70,7 +77,8 @@ class StepShape:
 class StepSample:
     scenario: str
     shape: StepShape
-    seconds: float
+    seconds: float  # wall time
+    cpu_seconds: float  # the engine thread's CPU time
 
 
 @dataclass(frozen=True)
@@ -103,10 +111,12 @@ class Profile:
     block_size: int
     environment: Mapping[str, str] = field(default_factory=dict)  # device, dtype, model, torch
     samples: tuple[StepSample, ...] = ()
+    contention: float = 1.0  # median wall / CPU time of the profiled steps (CPU fits only)
     version: int = PROFILE_VERSION
 
     def step_seconds(self, shape: StepShape, swapped_blocks: int = 0) -> float:
-        return self.model.step_seconds(shape) + swapped_blocks * self.blocks.swap_s
+        compute = self.model.step_seconds(shape) * self.contention
+        return compute + swapped_blocks * self.blocks.swap_s
 
     def save(self, path: Path) -> None:
         document = {
@@ -116,24 +126,32 @@ class Profile:
             "fitted": {
                 "features": list(FEATURES),
                 "coefficients": list(self.model.coefficients),
-                "r2": fit_r2(self.model, self.samples),
+                "clock": "cpu" if self.contention != 1.0 else "wall",
+                "contention": self.contention,
+                "r2_wall": fit_r2(self, self.samples),
             },
             "blocks": asdict(self.blocks),
             "samples": [
-                {"scenario": s.scenario, **asdict(s.shape), "seconds": s.seconds}
+                {
+                    "scenario": s.scenario,
+                    **asdict(s.shape),
+                    "seconds": s.seconds,
+                    "cpu_seconds": s.cpu_seconds,
+                }
                 for s in self.samples
             ],
         }
         path.write_text(json.dumps(document, indent=1) + "\n")
 
 
-def fit(samples: Sequence[StepSample]) -> CostModel:
+def fit(samples: Sequence[StepSample], cpu_clock: bool) -> CostModel:
     """Least squares on relative error (rows weighted by 1 / seconds: a 100 ms decode step off by
     50 ms matters as much as a 10 s prefill off by 5 s), every coefficient >= 0: a feature whose
     fitted weight is negative is dropped and the rest refitted (more work never costs less)."""
     if len(samples) < len(FEATURES):
         raise ProfileError(f"samples: need at least {len(FEATURES)} to fit, got {len(samples)}")
-    weights = np.array([1.0 / s.seconds for s in samples])
+    target = [s.cpu_seconds if cpu_clock else s.seconds for s in samples]
+    weights = np.array([1.0 / seconds for seconds in target])
     x = np.array([s.shape.vector() for s in samples]) * weights[:, None]
     y = np.ones(len(samples))  # seconds * weight
     active = list(range(len(FEATURES)))
@@ -149,11 +167,16 @@ def fit(samples: Sequence[StepSample]) -> CostModel:
     return CostModel(tuple(coefficients))
 
 
-def fit_r2(model: CostModel, samples: Sequence[StepSample]) -> float | None:
+def contention_of(samples: Sequence[StepSample]) -> float:
+    return float(np.median([s.seconds / s.cpu_seconds for s in samples if s.cpu_seconds > 0]))
+
+
+def fit_r2(profile: Profile, samples: Sequence[StepSample]) -> float | None:
+    """R^2 of the profile's predictions against the wall times it was fitted from."""
     if len(samples) < 2:
         return None
     y = np.array([s.seconds for s in samples])
-    predicted = np.array([model.step_seconds(s.shape) for s in samples])
+    predicted = np.array([profile.step_seconds(s.shape) for s in samples])
     total = float(((y - y.mean()) ** 2).sum())
     return None if total == 0 else 1.0 - float(((y - predicted) ** 2).sum()) / total
 
@@ -184,9 +207,12 @@ def parse_profile(document: Any) -> Profile:
                 s["scenario"],
                 StepShape(**{k: s[k] for k in StepShape.__dataclass_fields__}),
                 s["seconds"],
+                s["cpu_seconds"],
             )
             for s in document.get("samples", [])
         )
-        return Profile(model, blocks, int(document["block_size"]), document["environment"], samples)
+        contention = float(fitted.get("contention", 1.0))
+        block_size = int(document["block_size"])
+        return Profile(model, blocks, block_size, document["environment"], samples, contention)
     except (KeyError, TypeError) as error:
         raise ProfileError(f"profile: missing or malformed field {error}") from error

@@ -36,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
         f"{name} {value * 1e3:.4g} ms"
         for name, value in zip(FEATURES, profile.model.coefficients, strict=True)
     )
-    r2 = fit_r2(profile.model, profile.samples)
-    print(f"{len(profile.samples)} steps measured; fitted per unit: {terms}; R^2 {r2:.3f}")
+    r2 = fit_r2(profile, profile.samples)
+    print(
+        f"{len(profile.samples)} steps measured; fitted per unit: {terms}; "
+        f"wall/CPU {profile.contention:.2f}; R^2 against wall times {r2:.3f}"
+    )
     print(f"wrote {args.out}")
     return 0
