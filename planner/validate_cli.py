@@ -30,7 +30,7 @@ from pdserve.planner.sim_report import summarize
 from pdserve.planner.workload import PoissonSpec, TraceRequest, Workload, requests_of
 
 METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "throughput")
-BASE_PORT, METRICS_PORT = 53000, 53500  # the planner's port range (docs/contract.md)
+BASE_PORT, METRICS_PORT = 53000, 53500  # clear of `pdserve up`'s 50051 / 9100
 FIRST_ID, VOCAB = 100, 49152  # random prompt ids: SmolLM2's vocabulary without its special ids
 
 
