@@ -32,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="one JSON object (lines with --validate)"
     )
-    parser.add_argument("--plot", type=Path, help="PNG: latency, KV usage and queues over time")
+    parser.add_argument(
+        "--plot", type=Path, help="PNG: latency, KV and queues over time (--validate: sim vs real)"
+    )
     validate = parser.add_argument_group("validation (runs the real router + workers here)")
     validate.add_argument("--validate", action="store_true", help="compare with real runs")
     validate.add_argument("--model", help="model folder for the real workers (default: SmolLM2)")

@@ -42,6 +42,7 @@ def run_validation(
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="pdserve-validate-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     traces = {rate: validation_trace(workload, rate, args.traffic_s) for rate in rates}
+    lines: list[dict[str, Any]] = []
     for num_prefill, num_decode in configs:
         name = f"{num_prefill}P{num_decode}D"
         real = run_real(resolve_model(args.model), num_prefill, num_decode, engine, traces, out_dir)
@@ -52,7 +53,33 @@ def run_validation(
                         "sim": sim[metric], "error": _error(sim[metric], real[rate][metric]),
                         "loadavg": real[rate]["loadavg"]}  # fmt: skip
                 print(json.dumps(line) if args.json else _text(line), flush=True)
+                lines.append(line)
+    if args.plot:
+        plot_fidelity(lines, args.plot)
     return 0
+
+
+def plot_fidelity(lines: list[dict[str, Any]], path: Path) -> None:
+    """One panel per metric: real (solid) and simulated (dashed) against rate, per config."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.5))
+    for axis, metric in zip(axes, METRICS, strict=True):
+        for config in sorted({line["config"] for line in lines}):
+            rows = [x for x in lines if x["metric"] == metric and x["config"] == config]
+            rates = [x["rate"] for x in rows]
+            (real,) = axis.plot(rates, [x["real"] for x in rows], "o-", label=f"{config} real")
+            axis.plot(rates, [x["sim"] for x in rows], "x--", color=real.get_color(),
+                      label=f"{config} sim")  # fmt: skip
+        axis.set_title(metric)
+        axis.set_xlabel("requests/s")
+    axes[0].legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
 
 
 def _rates(text: str | None, workload: Workload) -> list[int]:
