@@ -7,6 +7,12 @@ workload's requests as GenerateStream calls started at i / rate (the load runner
 schedule, so the rates are whole numbers, as ghz's `rps` is); then it simulates the same trace
 with the profile and prints, per configuration, rate and metric, the real and simulated values
 and error = |sim - real| / real.
+
+Two simulations per point. `sim` is given the core share each worker's engine thread actually got
+during the run (`cpu_share`, from schedstat: on this shared machine, how much CPU other processes
+left is an input of the run, not something the simulator can predict) and the profile's CPU-time
+model unscaled. `sim_profiled` uses only what is known beforehand: the profile's wall/CPU ratio
+and an even split of a core among the workers pinned to it.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pdserve.cluster import Cluster, ClusterSpec, CpuPin
 from pdserve.core.config import EngineConfig
 from pdserve.core.model.source import resolve_model
+from pdserve.planner import cpu_share
 from pdserve.planner.profile import Profile
 from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.sim_report import summarize
@@ -47,11 +55,19 @@ def run_validation(
         name = f"{num_prefill}P{num_decode}D"
         real = run_real(resolve_model(args.model), num_prefill, num_decode, engine, traces, out_dir)
         for rate, trace in traces.items():
-            sim = simulated(profile, num_prefill, num_decode, engine, trace)
+            run = real[rate]
+            shares = (run["prefill_share"], run["decode_share"])
+            sim = simulated(replace(profile, contention=1.0), num_prefill, num_decode, engine,
+                            trace, shares)  # fmt: skip
+            even = (1.0 / num_prefill, 1.0 / num_decode)
+            profiled = simulated(profile, num_prefill, num_decode, engine, trace, even)
             for metric in METRICS:
-                line = {"config": name, "rate": rate, "metric": metric, "real": real[rate][metric],
-                        "sim": sim[metric], "error": _error(sim[metric], real[rate][metric]),
-                        "loadavg": real[rate]["loadavg"]}  # fmt: skip
+                line = {"config": name, "rate": rate, "metric": metric, "real": run[metric],
+                        "sim": sim[metric], "error": _error(sim[metric], run[metric]),
+                        "sim_profiled": profiled[metric],
+                        "error_profiled": _error(profiled[metric], run[metric]),
+                        "prefill_share": shares[0], "decode_share": shares[1],
+                        "loadavg": run["loadavg"]}  # fmt: skip
                 print(json.dumps(line) if args.json else _text(line), flush=True)
                 lines.append(line)
     if args.plot:
@@ -112,12 +128,11 @@ def validation_trace(workload: Workload, rate: int, traffic_s: float) -> list[Tr
 
 def simulated(
     profile: Profile, num_prefill: int, num_decode: int, engine: EngineConfig,
-    trace: list[TraceRequest],
+    trace: list[TraceRequest], shares: tuple[float, float],
 ) -> dict[str, float]:  # fmt: skip
     deployment = Deployment(
-        num_prefill, num_decode, engine, engine,
-        prefill_share=1.0 / num_prefill, decode_share=1.0 / num_decode,
-    )  # fmt: skip
+        num_prefill, num_decode, engine, engine, prefill_share=shares[0], decode_share=shares[1]
+    )
     summary = summarize(ClusterSim(deployment, profile).run(trace))
     return {**summary, "throughput": summary["throughput_tokens_per_s"]}
 
@@ -141,9 +156,21 @@ def run_real(
         _load(warm_up, 1, cluster.router.address, out_dir / f"{name}-warmup")
         for rate, trace in traces.items():
             loadavg = Path("/proc/loadavg").read_text().split()[:3]
+            workers = {p: cpu_share.snapshot(p.popen.pid) for p in cluster.prefill + cluster.decode}
             report = _load(trace, rate, cluster.router.address, out_dir / f"{name}-r{rate}")
-            results[rate] = {**real_metrics(report), "loadavg": " ".join(loadavg)}
+            shares = {p: cpu_share.engine_share(s, cpu_share.snapshot(p.popen.pid))
+                      for p, s in workers.items()}  # fmt: skip
+            results[rate] = {
+                **real_metrics(report),
+                "loadavg": " ".join(loadavg),
+                "prefill_share": _mean([s for p, s in shares.items() if p.role == "prefill"]),
+                "decode_share": _mean([s for p, s in shares.items() if p.role == "decode"]),
+            }
     return results
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def _engine_flags(engine: EngineConfig) -> tuple[str, ...]:
@@ -196,5 +223,7 @@ def _error(sim: float, real: float) -> float:
 def _text(line: dict[str, Any]) -> str:
     return (
         f"{line['config']:5} rate {line['rate']}/s {line['metric']:11} real {line['real']:9.4f} "
-        f"sim {line['sim']:9.4f} error {line['error']:6.1%} (load {line['loadavg']})"
+        f"sim {line['sim']:9.4f} error {line['error']:6.1%} | profiled {line['sim_profiled']:9.4f}"
+        f" error {line['error_profiled']:6.1%} (shares {line['prefill_share']:.2f}/"
+        f"{line['decode_share']:.2f}, load {line['loadavg']})"
     )
