@@ -125,18 +125,17 @@ def _mean_running(result: SimResult) -> float:
     return statistics.fmean(samples) if samples else 0.0
 
 
-def format_table(tried: tuple[Candidate, ...], best: Candidate | None) -> str:
-    header = (
-        f"{'config':12} {'seqs':>4} {'budget':>6} {'TTFT p90':>9} {'ITL p99':>8} "
-        f"{'tok/s':>7} {'done':>5}  meets"
+TABLE_HEADER = (
+    f"{'config':12} {'seqs':>4} {'budget':>6} {'TTFT p90':>9} {'ITL p99':>8} "
+    f"{'tok/s':>7} {'done':>5}  meets"
+)
+
+
+def format_row(candidate: Candidate) -> str:
+    engine = candidate.deployment.decode_config
+    return (
+        f"{candidate.deployment.name:12} {engine.max_num_seqs:4} "
+        f"{engine.max_num_batched_tokens:6} {candidate.ttft_p90:8.3f}s "
+        f"{candidate.itl_p99 * 1e3:6.0f}ms {candidate.throughput:7.1f} "
+        f"{candidate.completed_fraction:5.0%}  {'yes' if candidate.meets else 'no'}"
     )
-    rows = [header]
-    for c in tried:
-        engine = c.deployment.decode_config
-        mark = "  <- plan" if c is best else ""
-        rows.append(
-            f"{c.deployment.name:12} {engine.max_num_seqs:4} {engine.max_num_batched_tokens:6} "
-            f"{c.ttft_p90:8.3f}s {c.itl_p99 * 1e3:6.0f}ms {c.throughput:7.1f} "
-            f"{c.completed_fraction:5.0%}  {'yes' if c.meets else 'no'}{mark}"
-        )
-    return "\n".join(rows)

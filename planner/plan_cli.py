@@ -11,7 +11,14 @@ import yaml
 
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
 from pdserve.planner.helm_values import helm_values
-from pdserve.planner.plan import SearchSpace, Slo, format_table, search
+from pdserve.planner.plan import (
+    TABLE_HEADER,
+    Candidate,
+    SearchSpace,
+    Slo,
+    format_row,
+    search,
+)
 from pdserve.planner.profile import ProfileError, load_profile
 from pdserve.planner.workload import (
     PoissonSpec,
@@ -45,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     slo = Slo(args.slo_ttft_p90, args.slo_itl_p99)
     space = SearchSpace(max_workers=args.max_workers)
-    result = search(profile, requests, slo, engine_config_from_args(args), space)
-    print(format_table(result.tried, result.best))
+    print(TABLE_HEADER, flush=True)
+    result = search(profile, requests, slo, engine_config_from_args(args), space, _print_row)
     if result.best is None:
         print(f"pdserve plan: no deployment of up to {args.max_workers} workers meets the SLOs")
         return 1
@@ -57,8 +64,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.slo_ttft_p90} s, ITL p99 <= {args.slo_itl_p99} s (profile {args.profile.name})\n"
     )
     args.out.write_text(header + yaml.safe_dump(values, sort_keys=False))
-    print(f"plan: {result.best.deployment.name}; wrote {args.out}")
+    print(f"plan: {format_row(result.best)}\nwrote {args.out}")
     return 0
+
+
+def _print_row(candidate: Candidate) -> None:
+    print(format_row(candidate), flush=True)
 
 
 def _check_positive(args: argparse.Namespace) -> None:
