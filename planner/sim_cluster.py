@@ -6,7 +6,8 @@ there; once granted, pick a prefill worker and send it the prompt; when prefill 
 crosses to decode (wire + scatter from the profile) and decode admits the request at its next loop
 turn, which is when the client sees the first token. In colocated mode (no prefill workers) and,
 with a disaggregation threshold, for prompts shorter than it, the prompt goes straight to a decode
-worker and is prefilled there in chunks inside its continuous batch.
+worker and is prefilled there in chunks inside its continuous batch. That choice is made by the
+router's own rule (`router/placement.py` `place_prefill`), including `--max-prefill-queue`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pdserve.core.scheduler import Scheduler, blocks_for
 from pdserve.planner.profile import Profile
 from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
 from pdserve.planner.workload import TraceRequest
+from pdserve.router.placement import PrefillPlace, PrefillTierState, place_prefill
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class Deployment:
     prefill_config: EngineConfig = field(default_factory=EngineConfig)
     decode_config: EngineConfig = field(default_factory=EngineConfig)
     disagg_threshold: int = 0  # prompts shorter than this are prefilled on decode; 0: none are
+    # Prefill calls in flight per prefill worker at which long prompts go to decode too; 0: never.
+    max_prefill_queue: int = 0
     # Fraction of the profiled device each worker of a tier gets: 0.5 for two workers pinned to
     # one core (both busy, each at half speed), as the 2-core validation runs are.
     prefill_share: float = 1.0
@@ -41,8 +45,9 @@ class Deployment:
             raise ValueError(f"prefill: must be >= 0, got {self.num_prefill}")
         if self.num_decode < 1:
             raise ValueError(f"decode: must be >= 1, got {self.num_decode}")
-        if self.disagg_threshold < 0:
-            raise ValueError(f"disagg_threshold: must be >= 0, got {self.disagg_threshold}")
+        for name in ("disagg_threshold", "max_prefill_queue"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
     @property
     def name(self) -> str:
@@ -51,8 +56,11 @@ class Deployment:
         )
         return f"{self.num_prefill}P{self.num_decode}D{threshold}"
 
-    def colocated(self, prompt_tokens: int) -> bool:
-        return self.num_prefill == 0 or prompt_tokens < self.disagg_threshold
+    def placement(self, prompt_tokens: int, prefill_in_flight: int) -> PrefillPlace:
+        tier = PrefillTierState(self.num_prefill, prefill_in_flight)
+        return place_prefill(
+            prompt_tokens, self.disagg_threshold, self.max_prefill_queue, tier
+        ).place
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class ClusterSim:
         for worker in self.prefill:
             worker.on_prefilled = self._prefilled
         self._decode_of: dict[str, SimWorker] = {}
+        self._prefill_in_flight = 0  # Prefill calls sent and not answered (the router's count)
         self._turns = itertools.count()
 
     def at(self, time: float, action: Callable[[float], None]) -> None:
@@ -115,7 +124,8 @@ class ClusterSim:
 
     def _arrive(self, journey: Journey, now: float) -> None:
         decode = self._least_loaded(self.decode)
-        if self.deployment.colocated(journey.prompt_tokens):
+        place = self.deployment.placement(journey.prompt_tokens, self._prefill_in_flight)
+        if place is PrefillPlace.LOCAL:
             decode.add_prompt(now, journey, lambda at: None)
         else:
             self._decode_of[journey.request_id] = decode
@@ -125,13 +135,19 @@ class ClusterSim:
         # The grant comes from inside the decode worker's loop turn; the Prefill call that follows
         # is a new event so the two workers' turns never nest.
         prefill = self._least_loaded(self.prefill)
+        self._prefill_in_flight += 1
         self.at(now, lambda at: prefill.add_prompt(at, journey, lambda _: None))
 
     def _prefilled(self, journey: Journey, now: float) -> None:
         decode = self._decode_of.pop(journey.request_id)
         num_blocks = blocks_for(journey.prompt_tokens, self.deployment.decode_config.block_size)
         landed = now + self.profile.blocks.delivery_s(num_blocks)
-        self.at(landed, lambda at: decode.kv_landed(at, journey))
+        self.at(landed, lambda at: self._answered(decode, journey, at))
+
+    def _answered(self, decode: SimWorker, journey: Journey, now: float) -> None:
+        """Prefill's call returns once decode has the KV; the router then starts decode."""
+        self._prefill_in_flight -= 1
+        decode.kv_landed(now, journey)
 
     def _least_loaded(self, workers: list[SimWorker]) -> SimWorker:
         """router/policy.py's choice: the smallest load key, exact ties round robin."""
