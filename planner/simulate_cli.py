@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompts shorter than this many tokens are prefilled on decode (0: none)",
     )  # fmt: skip
     parser.add_argument(
+        "--max-prefill-queue", type=int, default=0,
+        help="prefill calls in flight per prefill worker at which long prompts go to decode too",
+    )  # fmt: skip
+    parser.add_argument(
         "--json", action="store_true", help="one JSON object (lines with --validate)"
     )
     parser.add_argument(
@@ -50,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
         workload = load_spec(args.workload)
         engine = engine_config_from_args(args)
-        deployment = Deployment(args.prefill, args.decode, engine, engine, args.disagg_threshold)
+        deployment = Deployment(
+            args.prefill, args.decode, engine, engine, args.disagg_threshold,
+            args.max_prefill_queue,
+        )  # fmt: skip
     except (ProfileError, WorkloadSpecError, ValueError) as error:
         print(f"pdserve simulate: {error}", file=sys.stderr)
         return 2
