@@ -117,3 +117,17 @@ def test_threshold_sends_short_prompts_to_decode() -> None:
     ).journeys
     assert short.token_times == pytest.approx([STEP])
     assert long.token_times == pytest.approx([10.0 + STEP + 3 * per_block])
+
+
+def test_a_saturated_prefill_tier_sends_long_prompts_to_decode() -> None:
+    """The router's rule: with one prefill call in flight per worker allowed, a long prompt that
+    arrives while one is in flight is prefilled on decode."""
+    per_block = 0.01
+    deployment = Deployment(1, 1, disagg_threshold=8, max_prefill_queue=1)
+    first, second = _run(
+        deployment,
+        [TraceRequest(0.0, 40, 1), TraceRequest(0.001, 40, 1)],
+        delivery_s_per_block=per_block,
+    ).journeys
+    assert first.token_times == pytest.approx([STEP + 3 * per_block])  # through prefill
+    assert second.token_times == pytest.approx([0.001 + STEP])  # on decode
