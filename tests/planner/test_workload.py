@@ -11,6 +11,7 @@ import pytest
 from pdserve.cli import main
 from pdserve.planner.workload import (
     PoissonSpec,
+    TokenRange,
     TraceRequest,
     WorkloadSpecError,
     parse_spec,
@@ -82,3 +83,18 @@ def test_simulate_cli_prints_one_json_object(
     summary = json.loads(capsys.readouterr().out)
     assert summary["config"] == "0P1D" and summary["completed"] == 1
     assert summary["ttft_p50"] == pytest.approx(0.01) and summary["itl_p50"] == pytest.approx(0.01)
+
+
+def test_plan_rescales_a_trace_to_the_target_rate() -> None:
+    from pdserve.planner.plan_cli import at_rate
+
+    trace = tuple(TraceRequest(float(i), 10, 5) for i in range(11))  # 1 request/s
+    rescaled = at_rate(trace, 4.0)
+    assert [r.arrival_s for r in rescaled] == pytest.approx([i / 4 for i in range(11)])
+    assert at_rate(parse_spec(json.dumps(POISSON), "p"), 2.0) == requests_of(
+        PoissonSpec(2.0, 200, *_ranges())
+    )
+
+
+def _ranges() -> tuple[TokenRange, TokenRange]:
+    return TokenRange(10, 100), TokenRange(20, 200)
