@@ -239,6 +239,3 @@ class SimWorker:
         self._next_usage = now + self._usage_interval_s
         queued, running, used = self.load()
         self.usage.append(UsageSample(now, self.name, used, queued, running))
-
-    def idle(self) -> bool:
-        return not (self._busy or self.requests or self._commands)

@@ -152,17 +152,3 @@ def _count(value: object, name: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise WorkloadSpecError(f"{name}: must be an integer >= 1, got {value!r} ({where})")
     return value
-
-
-def write_trace(requests: list[TraceRequest], path: Path) -> None:
-    lines = (
-        json.dumps(
-            {
-                "arrival_s": r.arrival_s,
-                "prompt_tokens": r.prompt_tokens,
-                "output_tokens": r.output_tokens,
-            }
-        )
-        for r in requests
-    )
-    path.write_text("".join(line + "\n" for line in lines))
