@@ -19,7 +19,13 @@ from pdserve.core.kv_cache import KVCache
 from pdserve.core.model.config import ModelConfig
 from pdserve.core.model.gemm import LinearWeight, linear, prepare
 from pdserve.core.model.rotary import RotaryEmbedding, apply_rotary
-from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
+from pdserve.kernels import (
+    DecodePlan,
+    paged_attention_prefill,
+    plan_decode,
+    run_planned_decode,
+    write_kv,
+)
 
 
 @dataclass(frozen=True)
@@ -53,15 +59,27 @@ class CausalLM:
         """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32."""
         hidden = F.embedding(batch.input_ids, self.embed)
         residual: torch.Tensor | None = None
+        # Per-step work, done once for all layers: rotary lookup, decode gather indices.
         cos_sin = self.rotary.cos_sin(batch.positions)
+        decode_plan = self._plan_decode(batch, kv_cache)
         for index, layer in enumerate(self.layers):
             hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
-            hidden = self._attention(index, layer, hidden, cos_sin, batch, kv_cache)
+            hidden = self._attention(index, layer, hidden, cos_sin, batch, decode_plan, kv_cache)
             hidden, residual = self._add_norm(hidden, residual, layer.post_attention_norm)
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran
         last = (hidden + residual)[batch.logits_indices]
         return linear(self._rms_norm(last, self.norm), self.lm_head).float()
+
+    def _plan_decode(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodePlan | None:
+        if batch.decode is None:
+            return None
+        return plan_decode(
+            batch.decode.block_tables,
+            batch.decode.context_lens,
+            kv_cache.layout.block_size,
+            self.config.sliding_window,
+        )
 
     def _add_norm(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
@@ -85,6 +103,7 @@ class CausalLM:
         hidden: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
+        decode_plan: DecodePlan | None,
         kv_cache: KVCache,
     ) -> torch.Tensor:
         config = self.config
@@ -97,26 +116,22 @@ class CausalLM:
         v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
         k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        return linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)
+        attended = self._attend(q, k_cache, v_cache, batch, decode_plan)
+        return linear(attended.view(num_tokens, -1), layer.o_proj)
 
     def _attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: ForwardBatch,
+        decode_plan: DecodePlan | None,
     ) -> torch.Tensor:
         window = self.config.sliding_window
         parts = []
         split = batch.num_decode_tokens
-        if batch.decode is not None:
-            parts.append(
-                paged_attention_decode(
-                    q[:split],
-                    k_cache,
-                    v_cache,
-                    batch.decode.block_tables,
-                    batch.decode.context_lens,
-                    self.scale,
-                    sliding_window=window,
-                )
-            )
+        if decode_plan is not None:
+            parts.append(run_planned_decode(q[:split], k_cache, v_cache, decode_plan, self.scale))
         if batch.prefill is not None:
             parts.append(
                 paged_attention_prefill(
