@@ -18,6 +18,7 @@ from pdserve.core.forward_batch import ForwardBatch
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.model.config import ModelConfig
 from pdserve.core.model.gemm import LinearWeight, linear, prepare
+from pdserve.core.model.precision import check_supported
 from pdserve.core.model.rotary import RotaryEmbedding, apply_rotary
 from pdserve.kernels import (
     DecodePlan,
@@ -39,12 +40,16 @@ class LayerWeights:
 
 
 class CausalLM:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, torch.Tensor], quantization: str = "none"
+    ) -> None:
         self.config = config
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = prepare(weights.get("lm_head.weight", self.embed))
-        self.layers = [_layer_weights(weights, i, config) for i in range(config.num_layers)]
+        self.lm_head = prepare(weights.get("lm_head.weight", self.embed), None, quantization)
+        self.layers = [
+            _layer_weights(weights, i, config, quantization) for i in range(config.num_layers)
+        ]
         self.rotary = RotaryEmbedding(config, self.embed.dtype, self.embed.device)
         self.scale = config.head_dim**-0.5
         self._q_size = config.num_heads * config.head_dim
@@ -153,7 +158,7 @@ class CausalLM:
 
 
 def _layer_weights(
-    weights: dict[str, torch.Tensor], index: int, config: ModelConfig
+    weights: dict[str, torch.Tensor], index: int, config: ModelConfig, quantization: str
 ) -> LayerWeights:
     prefix = f"model.layers.{index}."
 
@@ -164,18 +169,26 @@ def _layer_weights(
     bias = torch.cat([get(f"{name}.bias") for name in qkv_names]) if config.attention_bias else None
     return LayerWeights(
         input_norm=get("input_layernorm.weight"),
-        qkv=prepare(torch.cat([get(f"{name}.weight") for name in qkv_names]), bias),
-        o_proj=prepare(get("self_attn.o_proj.weight")),
+        qkv=prepare(torch.cat([get(f"{name}.weight") for name in qkv_names]), bias, quantization),
+        o_proj=prepare(get("self_attn.o_proj.weight"), None, quantization),
         post_attention_norm=get("post_attention_layernorm.weight"),
-        gate_up=prepare(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])),
-        down=prepare(get("mlp.down_proj.weight")),
+        gate_up=prepare(
+            torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]), None, quantization
+        ),
+        down=prepare(get("mlp.down_proj.weight"), None, quantization),
     )
 
 
 def load_model(
-    model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    model_dir: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str = "none",
 ) -> CausalLM:
-    """Loads every `*.safetensors` file of the folder (sharded or not) into a `CausalLM`."""
+    """Loads every `*.safetensors` file of the folder (sharded or not) into a `CausalLM`;
+    refuses a dtype / quantization the device cannot run (UnsupportedPrecisionError)."""
+    check_supported(dtype, quantization, device)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model: no *.safetensors weights in {model_dir}")
@@ -184,4 +197,4 @@ def load_model(
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
                 weights[name] = handle.get_tensor(name).to(dtype=dtype, device=device)
-    return CausalLM(config, weights)
+    return CausalLM(config, weights, quantization)
