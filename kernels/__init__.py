@@ -17,6 +17,7 @@ from ._checks import check_attention_args, check_decode_q
 
 __all__ = [
     "DecodePlan",
+    "check_slot_range",
     "copy_blocks",
     "paged_attention_decode",
     "paged_attention_prefill",
@@ -117,14 +118,23 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    slots_checked: bool = False,
 ) -> None:
-    """Stores each token's K/V into its slot (block_id * block_size + offset), in place."""
+    """Stores each token's K/V into its slot (block_id * block_size + offset), in place.
+    `slots_checked=True`: the caller validated the slots' range for this step
+    (`check_slot_range`), so the CPU path skips that per-layer sync (Triton never syncs)."""
     if _backend.use_triton(k.device):
         from . import triton_kv
 
         triton_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
-    torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
+    torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping, slots_checked)
+
+
+def check_slot_range(slot_mapping: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """Once per step: every slot lies inside the cache (a host sync on a GPU; skipped there)."""
+    if not _backend.use_triton(slot_mapping.device):
+        torch_kv.check_slot_range(slot_mapping, k_cache.shape[0] * k_cache.shape[1])
 
 
 def copy_blocks(

@@ -22,6 +22,7 @@ from pdserve.core.model.precision import check_supported
 from pdserve.core.model.rotary import RotaryEmbedding, apply_rotary
 from pdserve.kernels import (
     DecodePlan,
+    check_slot_range,
     paged_attention_prefill,
     plan_decode,
     run_planned_decode,
@@ -64,9 +65,10 @@ class CausalLM:
         """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32."""
         hidden = F.embedding(batch.input_ids, self.embed)
         residual: torch.Tensor | None = None
-        # Per-step work, done once for all layers: rotary lookup, decode gather indices.
+        # Per-step work, done once for all layers: rotary lookup, decode gather indices, slot range.
         cos_sin = self.rotary.cos_sin(batch.positions)
         decode_plan = self._plan_decode(batch, kv_cache)
+        check_slot_range(batch.slot_mapping, kv_cache.k(0))
         for index, layer in enumerate(self.layers):
             hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
             hidden = self._attention(index, layer, hidden, cos_sin, batch, decode_plan, kv_cache)
@@ -120,7 +122,7 @@ class CausalLM:
         q, k = torch.split(qk, [config.num_heads, config.num_kv_heads], dim=1)
         v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
         k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping, slots_checked=True)
         attended = self._attend(q, k_cache, v_cache, batch, decode_plan)
         return linear(attended.view(num_tokens, -1), layer.o_proj)
 
