@@ -17,7 +17,6 @@ from ._checks import check_attention_args, check_decode_q
 
 __all__ = [
     "DecodePlan",
-    "check_slot_range",
     "copy_blocks",
     "paged_attention_decode",
     "paged_attention_prefill",
@@ -53,19 +52,25 @@ def plan_decode(
 
 
 def run_planned_decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+    checked: bool = False,
 ) -> torch.Tensor:
-    """`paged_attention_decode` of one layer with the step's plan."""
+    """`paged_attention_decode` of one layer with the step's plan; `checked` as for `write_kv`."""
     if plan.torch_plan is None:
         from . import triton_decode
 
         return triton_decode.decode_attention(
             q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
         )
-    shape = check_attention_args(
-        q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
-    )
-    check_decode_q(q, shape)
+    if not checked:
+        shape = check_attention_args(
+            q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
+        )
+        check_decode_q(q, shape)
     return torch_decode.run_decode(q, k_cache, v_cache, plan.torch_plan, scale)
 
 
@@ -118,23 +123,20 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    slots_checked: bool = False,
+    checked: bool = False,
 ) -> None:
     """Stores each token's K/V into its slot (block_id * block_size + offset), in place.
-    `slots_checked=True`: the caller validated the slots' range for this step
-    (`check_slot_range`), so the CPU path skips that per-layer sync (Triton never syncs)."""
+
+    `checked=True` skips the argument checks: for callers that already passed the same step's
+    arguments through once (the model checks in layer 0; every layer has the same shapes and
+    slots). On the CPU those checks (a range reduction and a host sync) cost more than the copy.
+    """
     if _backend.use_triton(k.device):
         from . import triton_kv
 
         triton_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
-    torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping, slots_checked)
-
-
-def check_slot_range(slot_mapping: torch.Tensor, k_cache: torch.Tensor) -> None:
-    """Once per step: every slot lies inside the cache (a host sync on a GPU; skipped there)."""
-    if not _backend.use_triton(slot_mapping.device):
-        torch_kv.check_slot_range(slot_mapping, k_cache.shape[0] * k_cache.shape[1])
+    torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping, checked)
 
 
 def copy_blocks(

@@ -22,7 +22,6 @@ from pdserve.core.model.precision import check_supported
 from pdserve.core.model.rotary import RotaryEmbedding, apply_rotary
 from pdserve.kernels import (
     DecodePlan,
-    check_slot_range,
     paged_attention_prefill,
     plan_decode,
     run_planned_decode,
@@ -65,10 +64,10 @@ class CausalLM:
         """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32."""
         hidden = F.embedding(batch.input_ids, self.embed)
         residual: torch.Tensor | None = None
-        # Per-step work, done once for all layers: rotary lookup, decode gather indices, slot range.
+        # Per-step work, done once for all layers: rotary lookup, decode gather indices. Layer 0's
+        # kernel calls check the step's arguments; the other layers' (same shapes) skip that.
         cos_sin = self.rotary.cos_sin(batch.positions)
         decode_plan = self._plan_decode(batch, kv_cache)
-        check_slot_range(batch.slot_mapping, kv_cache.k(0))
         for index, layer in enumerate(self.layers):
             hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
             hidden = self._attention(index, layer, hidden, cos_sin, batch, decode_plan, kv_cache)
@@ -122,8 +121,8 @@ class CausalLM:
         q, k = torch.split(qk, [config.num_heads, config.num_kv_heads], dim=1)
         v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
         k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping, slots_checked=True)
-        attended = self._attend(q, k_cache, v_cache, batch, decode_plan)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping, checked=index > 0)
+        attended = self._attend(q, k_cache, v_cache, batch, decode_plan, checked=index > 0)
         return linear(attended.view(num_tokens, -1), layer.o_proj)
 
     def _attend(
@@ -133,12 +132,16 @@ class CausalLM:
         v_cache: torch.Tensor,
         batch: ForwardBatch,
         decode_plan: DecodePlan | None,
+        checked: bool,
     ) -> torch.Tensor:
         window = self.config.sliding_window
         parts = []
         split = batch.num_decode_tokens
         if decode_plan is not None:
-            parts.append(run_planned_decode(q[:split], k_cache, v_cache, decode_plan, self.scale))
+            decode_q = q[:split]
+            parts.append(
+                run_planned_decode(decode_q, k_cache, v_cache, decode_plan, self.scale, checked)
+            )
         if batch.prefill is not None:
             parts.append(
                 paged_attention_prefill(
