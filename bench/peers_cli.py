@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=peers_llama.GgufType,
         default=peers_llama.GgufType.F32,
         choices=list(peers_llama.GgufType),
+        metavar="{" + ",".join(kind.value for kind in peers_llama.GgufType) + "}",
         help="llama.cpp's weights: f32 (the same numbers as pdserve's float32), q8_0, q4_1",
     )
     parser.add_argument(
