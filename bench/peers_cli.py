@@ -74,14 +74,18 @@ def run(args: argparse.Namespace) -> int:
     precision = Precision(args.dtype, args.quantization)
     weights = {"pdserve": precision.label, "llama.cpp": args.gguf.value}
     results: list[PeerResult] = []
+
+    def done(*new: PeerResult) -> None:  # printed as they come: a killed run keeps its results
+        results.extend(new)
+        for result in new:
+            line = json_line(result, args.workload.name) if args.json else str(result)
+            print(line, file=sys.stdout if args.json else sys.stderr, flush=True)
+
     if args.batch1:
-        results += _batch1(args, peer, gguf, model_dir, list(workload[0].prompt), weights)
+        done(*_batch1(args, peer, gguf, model_dir, list(workload[0].prompt), weights))
     for slots in args.slots:
-        results.append(_run_pdserve(args, model_dir, workload, slots, weights["pdserve"]))
-        results.append(_run_llama(peer, gguf, workload, slots, weights["llama.cpp"]))
-    for result in results:
-        if args.json:
-            print(json_line(result, args.workload.name), flush=True)
+        done(_run_pdserve(args, model_dir, workload, slots, weights["pdserve"]))
+        done(_run_llama(peer, gguf, workload, slots, weights["llama.cpp"]))
     print(report(results), file=sys.stderr if args.json else sys.stdout)
     return 0
 
