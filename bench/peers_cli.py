@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     except (WorkloadError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    # A `timeout` (SIGTERM) unwinds like Ctrl-C, so llama-server is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     peer = peers_llama.Peer(args.cache)
     peers_llama.ensure_built(peer)
     gguf = peers_llama.ensure_gguf(peer, model_dir, args.gguf)
