@@ -19,15 +19,13 @@ from pdserve.bench import offline_decode, peers_llama
 from pdserve.bench.offline_engines import EngineKind, Precision, load_engine, time_run
 from pdserve.bench.offline_workload import (
     WORKLOAD_DIR,
-    WorkloadError,
     WorkloadRequest,
-    load_workload,
     total_output_tokens,
+    workload_and_model,
 )
 from pdserve.bench.peers_report import PeerResult, json_line, report
 from pdserve.core.kv_cache import DTYPES
 from pdserve.core.model.precision import QUANTIZATIONS
-from pdserve.core.model.source import resolve_model
 
 HELP = "pdserve vs llama.cpp (llama-server) side by side: same workload, same weights, one run"
 DEFAULT_CACHE = Path.home() / ".cache" / "pdserve" / "peers"
@@ -63,12 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        workload = load_workload(args.workload)
-        model_dir = resolve_model(args.model)
-    except (WorkloadError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    inputs = workload_and_model(args.workload, args.model)
+    if inputs is None:
         return 2
+    workload, model_dir = inputs
     # A `timeout` (SIGTERM) unwinds like Ctrl-C, so llama-server is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     peer = peers_llama.Peer(args.cache)

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-from pdserve.bench.offline_workload import WORKLOAD_DIR, WorkloadError, load_workload
+from pdserve.bench.offline_workload import WORKLOAD_DIR, workload_and_model
 from pdserve.core.forward_batch import ForwardBatch, PrefillMetadata
 from pdserve.core.kv_cache import DTYPES, KVCache, KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.model.config import load_model_config
 from pdserve.core.model.forward import CausalLM, load_model
 from pdserve.core.model.precision import QUANTIZATIONS
-from pdserve.core.model.source import resolve_model
 from pdserve.core.sampling_params import SamplingParams
 
 HELP = "quality of --dtype / --quantization against float32: greedy agreement, log-prob diff"
@@ -40,12 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        workload = load_workload(args.workload)[: args.requests]
-        model_dir = resolve_model(args.model)
-    except (WorkloadError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    inputs = workload_and_model(args.workload, args.model)
+    if inputs is None:
         return 2
+    workload, model_dir = inputs
+    workload = workload[: args.requests]
     reference = LLM(model_dir, max_num_seqs=len(workload), num_swap_blocks=0)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     outputs = reference.generate([list(r.prompt) for r in workload], params)
