@@ -1,11 +1,11 @@
-"""`pdserve bench`: benchmarks, one sub-subcommand each (`offline`, `peers`, `precision`)."""
+"""`pdserve bench`: benchmarks, one sub-subcommand each (offline, disagg, peers, precision)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Protocol
 
-from pdserve.bench import offline_cli, peers_cli, precision_quality
+from pdserve.bench import disagg, offline_cli, peers_cli, precision_quality
 
 
 class Benchmark(Protocol):
@@ -18,6 +18,7 @@ class Benchmark(Protocol):
 
 BENCHMARKS: dict[str, Benchmark] = {
     "offline": offline_cli,
+    "disagg": disagg,
     "peers": peers_cli,
     "precision": precision_quality,
 }
