@@ -6,9 +6,10 @@ Default shape is the serving model's (SmolLM2-135M: 9 heads, 3 KV heads, head_di
 16 sequences with contexts drawn from context +- 10%, blocks scattered over the pool. Prints ms per
 call (median and min of --repeats, candidates interleaved round by round) and KV bytes read per
 second, side by side:
-- torch decode (SDPA): the shipped CPU path, pdserve.kernels.torch_attention.decode_attention;
-- torch decode (matmuls): the same gather + mask with explicit matmuls + softmax, the alternative
-  that SDPA was chosen over;
+- torch decode (length buckets + SDPA): the shipped CPU path, pdserve.kernels.torch_decode
+  (plan and run in one call here; the model plans once per step);
+- torch decode (matmuls): one padded gather + mask with explicit matmuls + softmax, the
+  alternative that SDPA was chosen over;
 - reference: one sequence at a time, pdserve.kernels.reference;
 - triton decode (CUDA only): pdserve.kernels.triton_decode.decode_attention.
 """
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from pdserve.kernels import torch_attention
+from pdserve.kernels import torch_attention, torch_decode
 from pdserve.kernels.cases import HeadConfig, PagedAttentionCase, make_paged_case
 from pdserve.kernels.reference import reference_decode
 
@@ -32,7 +33,7 @@ WARMUP = 3
 
 
 def matmul_decode(case: PagedAttentionCase) -> torch.Tensor:
-    """The explicit-matmul variant of torch_attention.decode_attention, kept for comparison."""
+    """Decode attention with explicit matmuls over one padded gather, kept for comparison."""
     num_seqs, num_heads, head_dim = case.q.shape
     block_size, kv_heads = case.k_cache.shape[1], case.k_cache.shape[2]
     lens = case.context_lens
@@ -83,7 +84,9 @@ def build_case(args: argparse.Namespace, device: torch.device) -> PagedAttention
 def candidates(case: PagedAttentionCase, device: torch.device) -> dict[str, Callable[[], object]]:
     args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale)
     calls: dict[str, Callable[[], object]] = {
-        "torch decode (SDPA, shipped)": lambda: torch_attention.decode_attention(*args),
+        "torch decode (length buckets + SDPA, shipped)": lambda: torch_decode.decode_attention(
+            *args
+        ),
         "torch decode (matmuls)": lambda: matmul_decode(case),
         "reference (per sequence)": lambda: reference_decode(*args),
     }

@@ -1,11 +1,11 @@
-"""`pdserve bench`: benchmarks, one sub-subcommand each (`offline`, `disagg`)."""
+"""`pdserve bench`: benchmarks, one sub-subcommand each (offline, disagg, peers, precision)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Protocol
 
-from pdserve.bench import disagg, offline_cli
+from pdserve.bench import disagg, offline_cli, peers_cli, precision_quality
 
 
 class Benchmark(Protocol):
@@ -16,7 +16,12 @@ class Benchmark(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-BENCHMARKS: dict[str, Benchmark] = {"offline": offline_cli, "disagg": disagg}
+BENCHMARKS: dict[str, Benchmark] = {
+    "offline": offline_cli,
+    "disagg": disagg,
+    "peers": peers_cli,
+    "precision": precision_quality,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

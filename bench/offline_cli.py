@@ -18,11 +18,9 @@ from pdserve.bench import offline_decode, offline_profile_report, offline_report
 from pdserve.bench.offline_engines import EngineKind, EngineRun, load_engine, time_run
 from pdserve.bench.offline_workload import (
     WORKLOAD_DIR,
-    WorkloadError,
     WorkloadRequest,
-    load_workload,
+    workload_and_model,
 )
-from pdserve.core.model.source import resolve_model
 
 T = TypeVar("T")
 
@@ -77,12 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        workload = load_workload(args.workload)
-        model_dir = resolve_model(args.model)
-    except (WorkloadError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    inputs = workload_and_model(args.workload, args.model)
+    if inputs is None:
         return 2
+    workload, model_dir = inputs
     engines = _flatten(args.engine) or [EngineKind.CONTINUOUS]
     batches = _flatten(args.max_batch) or [16]
     if args.batch1_decode:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pdserve.bench.offline_engines import BLOCK_SIZE
+from pdserve.bench.offline_engines import BLOCK_SIZE, FLOAT32, Precision
 from pdserve.core.llm import LLM
 from pdserve.core.model.forward import CausalLM
 from pdserve.core.sampling_params import SamplingParams
@@ -66,21 +66,38 @@ def measure_copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = COPY_REPEATS
 def model_weight_bytes(model: CausalLM) -> int:
     """Bytes of every distinct weight tensor a batch-1 forward reads (tied embeddings count once;
     the packed copies for 16-row batches are not read at batch 1)."""
-    tensors: list[torch.Tensor] = [model.embed, model.norm, model.lm_head.weight]
+    head = model.lm_head
+    tensors = [
+        model.embed,
+        model.norm,
+        head.weight,
+        *([] if head.scales is None else [head.scales]),
+    ]
     for layer in model.layers:
         tensors += [layer.input_norm, layer.post_attention_norm]
         for projection in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
             tensors.append(projection.weight)
-            if projection.bias is not None:
-                tensors.append(projection.bias)
+            tensors += [t for t in (projection.bias, projection.scales) if t is not None]
     unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(unique.values())
 
 
-def measure_batch1_decode(model_dir: Path, prompt: list[int], num_steps: int) -> DecodeStepResult:
+def measure_batch1_decode(
+    model_dir: Path,
+    prompt: list[int],
+    num_steps: int,
+    precision: Precision = FLOAT32,
+) -> DecodeStepResult:
     """Times `num_steps` decode steps of one request (after its prefill step, and a warm-up)."""
     blocks = -(-(len(prompt) + num_steps + 1) // BLOCK_SIZE)
-    llm = LLM(model_dir, max_num_seqs=1, num_kv_blocks=blocks, num_swap_blocks=0)
+    llm = LLM(
+        model_dir,
+        max_num_seqs=1,
+        num_kv_blocks=blocks,
+        num_swap_blocks=0,
+        dtype=precision.dtype,
+        quantization=precision.quantization,
+    )
     params = SamplingParams(max_tokens=num_steps + 1, temperature=0, ignore_eos=True)
     llm.generate([prompt[:8]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     model = llm.engine.runner.model

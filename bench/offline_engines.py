@@ -31,6 +31,21 @@ WARMUP_MAX_TOKENS = 4
 BLOCK_SIZE = 16
 
 
+@dataclass(frozen=True)
+class Precision:
+    """pdserve's weights: EngineConfig's dtype and quantization (float32, none: the default)."""
+
+    dtype: str = "float32"
+    quantization: str = "none"
+
+    @property
+    def label(self) -> str:
+        return self.dtype if self.quantization == "none" else f"{self.quantization}/{self.dtype}"
+
+
+FLOAT32 = Precision()
+
+
 class EngineKind(enum.Enum):
     CONTINUOUS = "continuous"
     STATIC = "static"
@@ -74,14 +89,19 @@ class LoadedEngine:
 
 
 def load_engine(
-    kind: EngineKind, model_dir: Path, workload: list[WorkloadRequest], max_batch: int
+    kind: EngineKind,
+    model_dir: Path,
+    workload: list[WorkloadRequest],
+    max_batch: int,
+    precision: Precision = FLOAT32,
 ) -> LoadedEngine:
-    """Loads the model and runs a tiny warm-up generate: none of it is in the timed part."""
+    """Loads the model and runs a tiny warm-up generate: none of it is in the timed part.
+    `precision` applies to ours only (hf runs float32)."""
     started = time.perf_counter()
     if kind is EngineKind.HF:
         generate = _load_hf(model_dir)
     else:
-        generate = _load_ours(kind, model_dir, workload, max_batch)
+        generate = _load_ours(kind, model_dir, workload, max_batch, precision)
     generate(_warmup_workload(workload), max_batch)
     return LoadedEngine(kind, max_batch, generate, time.perf_counter() - started)
 
@@ -111,7 +131,11 @@ def _warmup_workload(workload: list[WorkloadRequest]) -> list[WorkloadRequest]:
 
 
 def build_llm(
-    kind: EngineKind, model_dir: Path, workload: list[WorkloadRequest], max_batch: int
+    kind: EngineKind,
+    model_dir: Path,
+    workload: list[WorkloadRequest],
+    max_batch: int,
+    precision: Precision = FLOAT32,
 ) -> LLM:
     """An engine with room for the B largest requests at once, so nothing is ever preempted."""
     return LLM(
@@ -121,6 +145,8 @@ def build_llm(
         block_size=BLOCK_SIZE,
         num_kv_blocks=kv_blocks_needed(workload, max_batch),
         num_swap_blocks=0,
+        dtype=precision.dtype,
+        quantization=precision.quantization,
     )
 
 
@@ -136,9 +162,13 @@ def greedy_params(request: WorkloadRequest) -> SamplingParams:
 
 
 def _load_ours(
-    kind: EngineKind, model_dir: Path, workload: list[WorkloadRequest], max_batch: int
+    kind: EngineKind,
+    model_dir: Path,
+    workload: list[WorkloadRequest],
+    max_batch: int,
+    precision: Precision,
 ) -> Generate:
-    llm = build_llm(kind, model_dir, workload, max_batch)
+    llm = build_llm(kind, model_dir, workload, max_batch, precision)
 
     def generate(requests: list[WorkloadRequest], _: int) -> int:
         outputs = llm.generate(

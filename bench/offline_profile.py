@@ -105,7 +105,7 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
                 (model_module, "linear", "linear"),
                 (model_module, "write_kv", "write_kv"),
                 (model_module, "apply_rotary", "rotary"),
-                (model_module, "paged_attention_decode", "attention_decode"),
+                (model_module, "run_planned_decode", "attention_decode"),
                 (model_module, "paged_attention_prefill", "attention_prefill"),
                 (runner_module, "sample", "sample"),
             )

@@ -7,8 +7,11 @@ Every request arrives at t=0 and runs greedy with `ignore_eos`, so each one prod
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from pdserve.core.model.source import resolve_model
 
 WORKLOAD_DIR = Path(__file__).parent / "workloads"
 
@@ -21,6 +24,17 @@ class WorkloadError(ValueError):
 class WorkloadRequest:
     prompt: tuple[int, ...]
     max_tokens: int
+
+
+def workload_and_model(
+    workload: Path, model: str | None
+) -> tuple[list[WorkloadRequest], Path] | None:
+    """A benchmark's two inputs; None (after printing the error) when either is unusable."""
+    try:
+        return load_workload(workload), resolve_model(model)
+    except (WorkloadError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
 
 
 def load_workload(path: Path) -> list[WorkloadRequest]:

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from pdserve.core.kv_cache import DTYPES
+from pdserve.core.model.precision import QUANTIZATIONS
 
 
 class SchedulingPolicy(enum.Enum):
@@ -23,6 +24,7 @@ class EngineConfig:
     policy: SchedulingPolicy = SchedulingPolicy.FCFS
     dtype: str = "float32"
     device: str = "cpu"
+    quantization: str = "none"  # or "int8": weight-only, opt-in (core/model/precision.py)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
@@ -32,5 +34,10 @@ class EngineConfig:
             raise ValueError(f"num_swap_blocks: must be >= 0, got {self.num_swap_blocks}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization: must be one of {', '.join(QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
+            )
         if not isinstance(self.policy, SchedulingPolicy):
             object.__setattr__(self, "policy", SchedulingPolicy(self.policy))

@@ -60,7 +60,9 @@ class LLMEngine:
             block_size=config.block_size,
             dtype=config.dtype,
         )
-        model = load_model(model_dir, self.model_config, self.layout.torch_dtype, device)
+        model = load_model(
+            model_dir, self.model_config, self.layout.torch_dtype, device, config.quantization
+        )
         kv_cache = KVCache(self.layout, config.num_kv_blocks, device)
         swap = (
             KVCache(self.layout, config.num_swap_blocks, "cpu") if config.num_swap_blocks else None

@@ -8,12 +8,70 @@ Triton modules are imported on first use, so CPU serving never imports triton.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from . import _backend, torch_attention, torch_kv
+from . import _backend, torch_attention, torch_decode, torch_kv
+from ._checks import check_attention_args, check_decode_q
 
-__all__ = ["copy_blocks", "paged_attention_decode", "paged_attention_prefill", "write_kv"]
+__all__ = [
+    "DecodePlan",
+    "copy_blocks",
+    "paged_attention_decode",
+    "paged_attention_prefill",
+    "plan_decode",
+    "run_planned_decode",
+    "write_kv",
+]
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A decode step's attention metadata, prepared once and shared by every layer."""
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    sliding_window: int | None
+    torch_plan: torch_decode.TorchDecodePlan | None  # None where the Triton kernel runs
+
+
+def plan_decode(
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_size: int,
+    sliding_window: int | None = None,
+) -> DecodePlan:
+    """Validates and prepares a step's decode metadata (torch: per-bucket gather indices)."""
+    torch_plan = None
+    if not _backend.use_triton(block_tables.device):
+        torch_plan = torch_decode.plan_decode(
+            block_tables, context_lens, block_size, sliding_window
+        )
+    return DecodePlan(block_tables, context_lens, sliding_window, torch_plan)
+
+
+def run_planned_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+    checked: bool = False,
+) -> torch.Tensor:
+    """`paged_attention_decode` of one layer with the step's plan; `checked` as for `write_kv`."""
+    if plan.torch_plan is None:
+        from . import triton_decode
+
+        return triton_decode.decode_attention(
+            q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
+        )
+    if not checked:
+        shape = check_attention_args(
+            q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
+        )
+        check_decode_q(q, shape)
+    return torch_decode.run_decode(q, k_cache, v_cache, plan.torch_plan, scale)
 
 
 def paged_attention_decode(
@@ -32,7 +90,7 @@ def paged_attention_decode(
         return triton_decode.decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
         )
-    return torch_attention.decode_attention(
+    return torch_decode.decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
     )
 
@@ -65,14 +123,20 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    checked: bool = False,
 ) -> None:
-    """Stores each token's K/V into its slot (block_id * block_size + offset), in place."""
+    """Stores each token's K/V into its slot (block_id * block_size + offset), in place.
+
+    `checked=True` skips the argument checks: for callers that already passed the same step's
+    arguments through once (the model checks in layer 0; every layer has the same shapes and
+    slots). On the CPU those checks (a range reduction and a host sync) cost more than the copy.
+    """
     if _backend.use_triton(k.device):
         from . import triton_kv
 
         triton_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
-    torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
+    torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping, checked)
 
 
 def copy_blocks(

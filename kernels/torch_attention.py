@@ -1,13 +1,7 @@
-"""Paged attention in plain torch: the fast path for CPU serving.
-
-Decode is vectorised over the batch: the blocks of every sequence are gathered through the block
-tables into one `[seqs, padded_len, kv_heads, head_dim]` tensor (padded to the longest context),
-and one `scaled_dot_product_attention` call with a boolean mask and `enable_gqa` does the rest.
-On CPU that beat explicit matmuls + softmax (see docs/kernels.md): torch's CPU flash kernel fuses
-mask, softmax and the GQA broadcast and accumulates in fp32 (opmath) for fp16/bf16 inputs.
+"""Paged prefill attention in plain torch: the CPU serving path (decode: `torch_decode`).
 
 Prefill loops over the sequences of the step (there are few) with one SDPA call each; the
-one-token chunks of a mixed batch go through the vectorised decode together.
+one-token chunks of a mixed batch go through the bucketed decode together.
 
 Sliding window `W`: a query at position `p` sees keys at positions `p - W < k <= p` (W keys
 including itself), the Hugging Face / Mistral convention.
@@ -23,10 +17,10 @@ import torch.nn.functional as F
 from ._checks import (
     AttentionShape,
     check_attention_args,
-    check_decode_q,
     check_lengths,
     check_query_start_loc,
 )
+from .torch_decode import decode_attention
 
 
 def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -36,47 +30,6 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     gather (16 x 19 blocks of the default model: 189 vs 271 us)."""
     blocks = cache.index_select(0, block_ids.reshape(-1).long())
     return blocks.view(*block_ids.shape[:-1], -1, *cache.shape[2:])
-
-
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    shape = check_attention_args(
-        q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
-    )
-    check_decode_q(q, shape)
-    if shape.num_seqs == 0:
-        return torch.empty_like(q)
-    lens_host = context_lens.tolist()
-    check_lengths(lens_host, None, shape)
-    num_blocks = -(-max(lens_host) // shape.block_size)
-    used_tables = block_tables[:, :num_blocks]
-    # [seqs, kv_heads, padded_len, dim]: the layout SDPA wants.
-    keys = gather_blocks(k_cache, used_tables).transpose(1, 2)
-    values = gather_blocks(v_cache, used_tables).transpose(1, 2)
-    mask = _decode_mask(context_lens, num_blocks * shape.block_size, sliding_window)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-    )
-    return out.squeeze(2)
-
-
-def _decode_mask(
-    context_lens: torch.Tensor, padded_len: int, sliding_window: int | None
-) -> torch.Tensor:
-    """`[seqs, 1, 1, padded_len]`, True where the single query may attend."""
-    positions = torch.arange(padded_len, device=context_lens.device)
-    lens = context_lens.unsqueeze(1)
-    visible = positions.unsqueeze(0) < lens
-    if sliding_window is not None:
-        visible &= positions.unsqueeze(0) >= lens - sliding_window
-    return visible[:, None, None, :]
 
 
 def prefill_attention(

@@ -13,17 +13,24 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    checked: bool = False,
 ) -> None:
-    """Stores token i's K/V at flat slot `slot_mapping[i]` (block_id * block_size + offset)."""
-    check_write_kv_args(k, v, k_cache, v_cache, slot_mapping)
+    """Stores token i's K/V at flat slot `slot_mapping[i]` (block_id * block_size + offset).
+    `checked`: the caller already validated these same arguments this step (see kernels)."""
     num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if not checked:
+        check_write_kv_args(k, v, k_cache, v_cache, slot_mapping)
+        _check_slot_range(slot_mapping, num_slots)
+    # Per-layer caches are contiguous, so the flat-slot view is free.
+    k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def _check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:
     if slot_mapping.numel() > 0:
         low, high = slot_mapping.min().item(), slot_mapping.max().item()
         if low < 0 or high >= num_slots:
             raise ValueError(f"slot_mapping: slots {low}..{high} outside 0..{num_slots - 1}")
-    # Per-layer caches are contiguous, so the flat-slot view is free.
-    k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
 
 
 def copy_blocks(

@@ -18,8 +18,15 @@ from pdserve.core.forward_batch import ForwardBatch
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.model.config import ModelConfig
 from pdserve.core.model.gemm import LinearWeight, linear, prepare
+from pdserve.core.model.precision import check_supported
 from pdserve.core.model.rotary import RotaryEmbedding, apply_rotary
-from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
+from pdserve.kernels import (
+    DecodePlan,
+    paged_attention_prefill,
+    plan_decode,
+    run_planned_decode,
+    write_kv,
+)
 
 
 @dataclass(frozen=True)
@@ -33,12 +40,16 @@ class LayerWeights:
 
 
 class CausalLM:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, torch.Tensor], quantization: str = "none"
+    ) -> None:
         self.config = config
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = prepare(weights.get("lm_head.weight", self.embed))
-        self.layers = [_layer_weights(weights, i, config) for i in range(config.num_layers)]
+        self.lm_head = prepare(weights.get("lm_head.weight", self.embed), None, quantization)
+        self.layers = [
+            _layer_weights(weights, i, config, quantization) for i in range(config.num_layers)
+        ]
         self.rotary = RotaryEmbedding(config, self.embed.dtype, self.embed.device)
         self.scale = config.head_dim**-0.5
         self._q_size = config.num_heads * config.head_dim
@@ -53,15 +64,28 @@ class CausalLM:
         """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32."""
         hidden = F.embedding(batch.input_ids, self.embed)
         residual: torch.Tensor | None = None
+        # Per-step work, done once for all layers: rotary lookup, decode gather indices. Layer 0's
+        # kernel calls check the step's arguments; the other layers' (same shapes) skip that.
         cos_sin = self.rotary.cos_sin(batch.positions)
+        decode_plan = self._plan_decode(batch, kv_cache)
         for index, layer in enumerate(self.layers):
             hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
-            hidden = self._attention(index, layer, hidden, cos_sin, batch, kv_cache)
+            hidden = self._attention(index, layer, hidden, cos_sin, batch, decode_plan, kv_cache)
             hidden, residual = self._add_norm(hidden, residual, layer.post_attention_norm)
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran
         last = (hidden + residual)[batch.logits_indices]
         return linear(self._rms_norm(last, self.norm), self.lm_head).float()
+
+    def _plan_decode(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodePlan | None:
+        if batch.decode is None:
+            return None
+        return plan_decode(
+            batch.decode.block_tables,
+            batch.decode.context_lens,
+            kv_cache.layout.block_size,
+            self.config.sliding_window,
+        )
 
     def _add_norm(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
@@ -85,6 +109,7 @@ class CausalLM:
         hidden: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
+        decode_plan: DecodePlan | None,
         kv_cache: KVCache,
     ) -> torch.Tensor:
         config = self.config
@@ -96,26 +121,26 @@ class CausalLM:
         q, k = torch.split(qk, [config.num_heads, config.num_kv_heads], dim=1)
         v = v.reshape(num_tokens, config.num_kv_heads, config.head_dim)
         k_cache, v_cache = kv_cache.k(index), kv_cache.v(index)
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        return linear(self._attend(q, k_cache, v_cache, batch).view(num_tokens, -1), layer.o_proj)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping, checked=index > 0)
+        attended = self._attend(q, k_cache, v_cache, batch, decode_plan, checked=index > 0)
+        return linear(attended.view(num_tokens, -1), layer.o_proj)
 
     def _attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: ForwardBatch,
+        decode_plan: DecodePlan | None,
+        checked: bool,
     ) -> torch.Tensor:
         window = self.config.sliding_window
         parts = []
         split = batch.num_decode_tokens
-        if batch.decode is not None:
+        if decode_plan is not None:
+            decode_q = q[:split]
             parts.append(
-                paged_attention_decode(
-                    q[:split],
-                    k_cache,
-                    v_cache,
-                    batch.decode.block_tables,
-                    batch.decode.context_lens,
-                    self.scale,
-                    sliding_window=window,
-                )
+                run_planned_decode(decode_q, k_cache, v_cache, decode_plan, self.scale, checked)
             )
         if batch.prefill is not None:
             parts.append(
@@ -138,7 +163,7 @@ class CausalLM:
 
 
 def _layer_weights(
-    weights: dict[str, torch.Tensor], index: int, config: ModelConfig
+    weights: dict[str, torch.Tensor], index: int, config: ModelConfig, quantization: str
 ) -> LayerWeights:
     prefix = f"model.layers.{index}."
 
@@ -149,18 +174,26 @@ def _layer_weights(
     bias = torch.cat([get(f"{name}.bias") for name in qkv_names]) if config.attention_bias else None
     return LayerWeights(
         input_norm=get("input_layernorm.weight"),
-        qkv=prepare(torch.cat([get(f"{name}.weight") for name in qkv_names]), bias),
-        o_proj=prepare(get("self_attn.o_proj.weight")),
+        qkv=prepare(torch.cat([get(f"{name}.weight") for name in qkv_names]), bias, quantization),
+        o_proj=prepare(get("self_attn.o_proj.weight"), None, quantization),
         post_attention_norm=get("post_attention_layernorm.weight"),
-        gate_up=prepare(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])),
-        down=prepare(get("mlp.down_proj.weight")),
+        gate_up=prepare(
+            torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]), None, quantization
+        ),
+        down=prepare(get("mlp.down_proj.weight"), None, quantization),
     )
 
 
 def load_model(
-    model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device
+    model_dir: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str = "none",
 ) -> CausalLM:
-    """Loads every `*.safetensors` file of the folder (sharded or not) into a `CausalLM`."""
+    """Loads every `*.safetensors` file of the folder (sharded or not) into a `CausalLM`;
+    refuses a dtype / quantization the device cannot run (UnsupportedPrecisionError)."""
+    check_supported(dtype, quantization, device)
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"model: no *.safetensors weights in {model_dir}")
@@ -169,4 +202,4 @@ def load_model(
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
                 weights[name] = handle.get_tensor(name).to(dtype=dtype, device=device)
-    return CausalLM(config, weights)
+    return CausalLM(config, weights, quantization)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.kv_cache import DTYPES
+from pdserve.core.model.precision import QUANTIZATIONS
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig
 from pdserve.core.serving.tls import server_tls
 
@@ -56,6 +57,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             )
         elif field.name == "dtype":
             add_flag(group, flag, str, default, "model and KV dtype", choices=sorted(DTYPES))
+        elif field.name == "quantization":
+            add_flag(group, flag, str, default, "weight-only quantization", list(QUANTIZATIONS))
         elif field.name == "device":
             add_flag(group, flag, str, default, "torch device (cpu, cuda, cuda:1)")
         else:

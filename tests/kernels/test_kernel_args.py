@@ -77,6 +77,13 @@ def test_write_kv_rejects() -> None:
         write_kv(torch.zeros(2, 3, 64), torch.zeros(2, 3, 64), CASE.k_cache, CASE.v_cache, slots)
 
 
+def test_write_kv_checked_by_an_earlier_call_skips_the_checks_and_still_writes() -> None:
+    k = torch.ones(2, CASE.k_cache.shape[2], CASE.k_cache.shape[3])
+    k_cache, v_cache = torch.zeros_like(CASE.k_cache), torch.zeros_like(CASE.v_cache)
+    write_kv(k, k, k_cache, v_cache, torch.tensor([0, 1]), checked=True)
+    assert bool((k_cache[0, :2] == 1).all()) and bool((v_cache[0, :2] == 1).all())
+
+
 def test_copy_blocks_rejects() -> None:
     pool = torch.zeros(4, 2, 3)
     with pytest.raises(ValueError, match=r"^dst:"):

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdserve.kernels import paged_attention_decode, paged_attention_prefill
+from pdserve.kernels import paged_attention_decode, paged_attention_prefill, torch_decode
 from pdserve.kernels.cases import (
     TOLERANCES,
     HeadConfig,
@@ -106,3 +106,14 @@ def test_prefill_batches_one_token_chunks_through_decode() -> None:
     for window in (None, 10):
         case = make_paged_case(contexts, config, torch.float16, query_lens=chunks, seed=3)
         check_prefill(paged_attention_prefill, case, window)
+
+
+@pytest.mark.parametrize("window", [None, 50])
+def test_decode_in_several_length_buckets(window: int | None) -> None:
+    """Long and short contexts in one step go into separate gather buckets; rows keep order."""
+    contexts = [600, 3, 5, 590, 2, 4, 1]
+    case = make_paged_case(contexts, HeadConfig(9, 3, 64, 16), seed=5)
+    plan = torch_decode.plan_decode(case.block_tables, case.context_lens, 16, window)
+    assert len(plan.buckets) == (1 if window else 2)
+    assert sorted(int(row) for bucket in plan.buckets for row in bucket.rows) == list(range(7))
+    check_decode(paged_attention_decode, case, window)

@@ -1,0 +1,64 @@
+"""`pdserve bench peers`: argument parsing, llama-batched-bench parsing and the report (the runs
+themselves are too slow for the suite; docs/benchmarks.md has their command and figures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from pdserve.bench import peers_cli
+from pdserve.bench.peers_llama import GgufType, parse_batched_bench
+from pdserve.bench.peers_report import PeerResult, json_line, report
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    peers_cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_arguments_as_the_issue_names_them() -> None:
+    args = _parse("--workload", "w.json", "--slots", "16", "--batch1", "--json", "--model", "m")
+    assert (args.slots, args.batch1, args.json, args.model) == ([16], True, True, "m")
+    assert args.gguf is GgufType.F32 and args.dtype == "float32" and args.quantization == "none"
+    assert _parse("--slots", "16,64", "--gguf", "q8_0").slots == [16, 64]
+
+
+@pytest.mark.parametrize("slots", ["0", "x", "16,-1", ""])
+def test_bad_slots_are_refused(slots: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--slots", slots)
+    assert "--slots" in capsys.readouterr().err
+
+
+def test_batched_bench_jsonl_gives_ms_per_token() -> None:
+    line = json.dumps({"pp": 87, "tg": 128, "pl": 1, "t_pp": 0.2, "t_tg": 2.56, "speed_tg": 50.0})
+    assert parse_batched_bench(f"build info\n{line}\n\nllama_perf ...") == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="no jsonl"):
+        parse_batched_bench("| PP | TG |")
+
+
+def test_json_lines_carry_the_issue_fields() -> None:
+    run = json.loads(json_line(PeerResult("pdserve", 16, 7303, 36.5, 2.1, "float32"), "mixed.json"))
+    assert run["engine"] == "pdserve" and run["slots"] == 16
+    assert run["tokens_per_s"] == pytest.approx(200.08)
+    assert "ms_per_token_batch1" not in run
+    batch1 = PeerResult("llama.cpp", 1, 128, 2.56, 2.0, "f32", 20.0)
+    assert json.loads(json_line(batch1, "mixed.json"))["ms_per_token_batch1"] == 20.0
+
+
+def test_report_prints_same_run_ratios() -> None:
+    results = [
+        PeerResult("pdserve", 1, 128, 1.28, 2.0, "float32", 10.0),
+        PeerResult("llama.cpp", 1, 128, 2.56, 2.0, "f32", 20.0),
+        PeerResult("pdserve", 16, 1000, 5.0, 2.0, "float32"),
+        PeerResult("llama.cpp", 16, 1000, 10.0, 2.0, "f32"),
+        PeerResult("pdserve", 64, 1000, 4.0, 2.0, "float32"),
+        PeerResult("llama.cpp", 64, 1000, 12.5, 2.0, "f32"),
+    ]
+    text = report(results)
+    assert "batch-1 decode speed, pdserve / llama.cpp: 2.00x" in text
+    assert "16 slots, pdserve / llama.cpp tok/s: 2.00x" in text
+    assert "best of each, pdserve (64 slots) / llama.cpp (16 slots): 2.50x" in text
