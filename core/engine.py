@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from pdserve.core.block_pool import cache_root
 from pdserve.core.config import EngineConfig
 from pdserve.core.detokenizer import IncrementalDetokenizer
 from pdserve.core.kv_cache import KVCache, KVLayout
@@ -40,6 +41,15 @@ class EngineStats:
     num_free_swap_blocks: int
     num_preemptions: int
     num_swaps_out: int
+    num_cached_blocks: int
+    num_cache_evictions: int
+    num_prefix_query_tokens: int
+    num_prefix_hit_tokens: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of admitted prompt tokens whose KV came from the prefix cache."""
+        return self.num_prefix_hit_tokens / max(self.num_prefix_query_tokens, 1)
 
 
 class LLMEngine:
@@ -68,7 +78,8 @@ class LLMEngine:
         if swap is not None and device.type == "cuda":
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
-        self.scheduler = scheduler_class(config)
+        identity = f"{self.model_config!r}|{self.layout!r}"
+        self.scheduler = scheduler_class(config, cache_root(identity))
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()
@@ -156,7 +167,7 @@ class LLMEngine:
                 request.first_scheduled_time = now
         sampled = self.runner.execute(output, self.requests)
         for request_id, num_new in output.num_scheduled_tokens.items():
-            self.requests[request_id].num_computed_tokens += num_new
+            self.scheduler.record_computed(self.requests[request_id], num_new)
         return [self._append(self.requests[rid], token) for rid, token in sampled.items()]
 
     def _append(self, request: Request, token: int) -> TokenDelta:
@@ -197,4 +208,8 @@ class LLMEngine:
             num_free_swap_blocks=scheduler.swap_pool.num_free,
             num_preemptions=scheduler.num_preemptions,
             num_swaps_out=scheduler.num_swaps_out,
+            num_cached_blocks=scheduler.block_pool.num_cached_blocks,
+            num_cache_evictions=scheduler.block_pool.num_evictions,
+            num_prefix_query_tokens=scheduler.num_prefix_query_tokens,
+            num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
         )

@@ -48,6 +48,7 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None  # monotonic; queue time ends here
     generator: torch.Generator | None = None  # per-request RNG when the request has a seed
+    block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, grown lazily
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +57,10 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
 
     def token_id(self, index: int) -> int:
         prompt_len = len(self.prompt_token_ids)

@@ -9,6 +9,12 @@ prefill chunks and decodes share every step under one token budget. A step:
    preempted: its blocks are swapped to the CPU pool if it has room, else freed for recompute.
 2. Swapped and waiting requests, best first, are admitted while budget, `max_num_seqs` and blocks
    allow. Under the `priority` policy a request may preempt running requests worse than itself.
+   A waiting request first takes the leading blocks the pool has cached for its tokens (prefix
+   caching lives in the block pool; here we only ask how many leading blocks are cached), starts
+   computing after them, and allocates only the rest.
+
+After the forward, `record_computed` advances each request and registers the blocks it filled, so
+later requests (and its own recompute after a preemption) can reuse them.
 
 The runner copies in this order: swap-out, swap-in, forward. So device blocks released by a
 swap-out can be reused at once (they are read before anything writes them), while swap blocks
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.core.block_pool import BlockPool
+from pdserve.core.block_pool import BlockPool, chain_hashes
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.request import Request, RequestStatus
 
@@ -40,9 +46,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, cache_root: bytes = b"") -> None:
         self.config = config
-        self.block_pool = BlockPool(config.num_kv_blocks)
+        self.cache_root = cache_root  # see block_pool.cache_root: the model and layout
+        self.block_pool = BlockPool(config.num_kv_blocks, config.enable_prefix_caching)
         self.swap_pool = BlockPool(config.num_swap_blocks)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -50,6 +57,8 @@ class Scheduler:
         self._deferred_swap_frees: list[int] = []
         self.num_preemptions = 0
         self.num_swaps_out = 0
+        self.num_prefix_query_tokens = 0  # tokens of admitted waiting requests
+        self.num_prefix_hit_tokens = 0  # of those, found in the prefix cache
 
     # -- queue management -------------------------------------------------------------------
 
@@ -65,9 +74,9 @@ class Scheduler:
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
                 queue.remove(request)
-        self.block_pool.free(request.block_ids)
+        self._free_blocks(request)
         self.swap_pool.free(request.swap_block_ids)
-        request.block_ids, request.swap_block_ids = [], []
+        request.swap_block_ids = []
         request.status = status
         if not self.has_unfinished():
             self._release_deferred()  # no next step may come to do it; the copies have run
@@ -106,9 +115,15 @@ class Scheduler:
                 return
             if step.best_preempted is not None and self._rank(request) >= step.best_preempted:
                 return  # nothing worse than a request preempted this step may take its place
+            num_cached = self._take_cached_prefix(request)
             num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
             if not self._make_room(request, num_new, step):
+                self._free_blocks(request)  # gives the cached prefix back, nothing else held
+                request.num_computed_tokens = 0
                 return  # head-of-line: admitting later ones first would break the order
+            if request.status is RequestStatus.WAITING:
+                self.num_prefix_query_tokens += request.num_tokens
+                self.num_prefix_hit_tokens += num_cached
             self._admit(request, num_new, step)
 
     def _admit(self, request: Request, num_new: int, step: _Step) -> None:
@@ -135,6 +150,44 @@ class Scheduler:
                 return False
             self._preempt(victim, step)
         return True
+
+    # -- prefix cache ------------------------------------------------------------------------
+
+    def record_computed(self, request: Request, num_new: int) -> None:
+        """The forward wrote `num_new` more tokens of KV: blocks it filled join the cache."""
+        filled_before = request.num_computed_tokens // self.config.block_size
+        request.num_computed_tokens += num_new
+        filled = request.num_computed_tokens // self.config.block_size
+        if filled > filled_before and self.block_pool.enable_caching:
+            hashes = self._block_hashes(request)
+            for index in range(filled_before, filled):
+                self.block_pool.register(request.block_ids[index], hashes[index])
+
+    def _take_cached_prefix(self, request: Request) -> int:
+        """A waiting request takes the cached blocks of its leading tokens; how many tokens.
+
+        At least the last token is always computed: its logits give the next token.
+        """
+        if request.status is not RequestStatus.WAITING or not self.block_pool.enable_caching:
+            return 0
+        usable = (request.num_tokens - 1) // self.config.block_size
+        block_ids = self.block_pool.cached_prefix(self._block_hashes(request)[:usable])
+        self.block_pool.take_cached(block_ids)
+        request.block_ids = block_ids
+        request.num_computed_tokens = len(block_ids) * self.config.block_size
+        return request.num_computed_tokens
+
+    def _block_hashes(self, request: Request) -> list[bytes]:
+        chain_hashes(
+            self.cache_root, request.all_token_ids, self.config.block_size, request.block_hashes
+        )
+        return request.block_hashes
+
+    def _free_blocks(self, request: Request) -> None:
+        """Frees a request's device blocks, its last block first: the cache evicts in the order
+        of freeing, and a prefix's tail is the part other requests are least likely to share."""
+        self.block_pool.free(request.block_ids[::-1])
+        request.block_ids = []
 
     # -- blocks, preemption, swap ------------------------------------------------------------
 
@@ -170,15 +223,14 @@ class Scheduler:
         self.num_preemptions += 1
         swap_ids = self.swap_pool.allocate(len(request.block_ids))
         if swap_ids is None:  # swap pool full: recompute from scratch later
-            self.block_pool.free(request.block_ids)
-            request.block_ids = []
+            self._free_blocks(request)
             request.num_computed_tokens = 0
             request.status = RequestStatus.WAITING
             self.waiting.append(request)
             return
         step.swap_out.extend(zip(request.block_ids, swap_ids, strict=True))
-        self.block_pool.free(request.block_ids)
-        request.block_ids, request.swap_block_ids = [], swap_ids
+        self._free_blocks(request)
+        request.swap_block_ids = swap_ids
         request.status = RequestStatus.SWAPPED
         self.num_swaps_out += 1
         self.swapped.append(request)
@@ -195,9 +247,18 @@ class Scheduler:
         self._deferred_swap_frees = []
 
     def _rank(self, request: Request) -> tuple[int, int]:
-        """Sort key: smaller runs first. The worst request is the max."""
+        """Sort key: smaller runs first. The worst request is the max.
+
+        `sjf` ranks by remaining work (prompt tokens still to compute + output tokens still to
+        generate) plus `sjf_aging_tokens` per arrival before it. A waiting request's work is fixed,
+        so one with work W is overtaken by at most W / sjf_aging_tokens later arrivals: nothing
+        starves, and the bound shrinks as the aging grows (at W / aging -> 0 it is fcfs).
+        """
         if self.config.policy is SchedulingPolicy.PRIORITY:
             return (-request.params.priority, request.arrival_order)
+        if self.config.policy is SchedulingPolicy.SJF:
+            age = self.config.sjf_aging_tokens * request.arrival_order
+            return (remaining_work(request) + age, request.arrival_order)
         return (0, request.arrival_order)
 
 
@@ -218,6 +279,12 @@ class _Step:
 
     def unschedule(self, request: Request) -> None:
         self.budget += self.scheduled.pop(request.request_id, 0)
+
+
+def remaining_work(request: Request) -> int:
+    """Tokens `request` has left to process: its uncomputed tokens and its outputs to come."""
+    uncomputed = request.num_tokens - request.num_computed_tokens
+    return uncomputed + request.params.max_tokens - len(request.output_token_ids)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -8,6 +8,7 @@ every request finishes exactly once with the right number of tokens, and that th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from hypothesis import HealthCheck, event, given, settings
@@ -33,6 +34,8 @@ def configs(draw: st.DrawFn, block_sizes: tuple[int, ...]) -> EngineConfig:
         max_num_seqs=draw(st.integers(1, 6)),
         max_num_batched_tokens=draw(st.sampled_from([1, 2, 5, 16, 64])),
         policy=draw(st.sampled_from(SchedulingPolicy)),
+        enable_prefix_caching=draw(st.booleans()),
+        sjf_aging_tokens=draw(st.sampled_from([1, 4, 16])),
     )
 
 
@@ -52,6 +55,7 @@ def arrival_lists(draw: st.DrawFn, config: EngineConfig, last_step: int) -> list
                 priority=draw(st.integers(0, 3)),
                 stop_after=draw(st.none() | st.integers(1, max_tokens)),
                 abort_after=draw(st.none() | st.none() | st.integers(0, 25)),
+                shared_prefix=draw(st.sampled_from([0, 0, 3, 8, 40])),
             )
         )
     return arrivals
@@ -94,6 +98,10 @@ def rank(sim: Simulation, request: Request) -> tuple[int, int]:
     """Smaller runs first, as documented for each policy; the worst request is the max."""
     if sim.config.policy is SchedulingPolicy.PRIORITY:
         return (-request.params.priority, request.arrival_order)
+    if sim.config.policy is SchedulingPolicy.SJF:
+        left = request.num_tokens - request.num_computed_tokens
+        left += request.params.max_tokens - len(request.output_token_ids)
+        return (left + sim.config.sjf_aging_tokens * request.arrival_order, request.arrival_order)
     return (0, request.arrival_order)
 
 
@@ -151,11 +159,15 @@ def check_state(sim: Simulation) -> None:
         runner.check_holds(
             runner.swap, request, request.swap_block_ids, request.num_computed_tokens
         )
+    for request in scheduler.running:
+        assert len(set(request.block_ids)) == len(request.block_ids), "a block twice in one table"
     device_ids = [block for request in scheduler.running for block in request.block_ids]
     check_owned(scheduler.block_pool, device_ids)
     swap_ids = [block for request in scheduler.swapped for block in request.swap_block_ids]
     # Blocks read by this step's swap-ins stay owned until the next schedule() frees them.
     check_owned(scheduler.swap_pool, swap_ids + scheduler._deferred_swap_frees)
+    if not config.enable_prefix_caching:
+        assert len(set(device_ids)) == len(device_ids), "blocks shared with the cache off"
 
 
 def check_no_priority_inversion(sim: Simulation) -> None:
@@ -179,15 +191,20 @@ def label_paths(sim: Simulation) -> None:
         "recompute": scheduler.num_preemptions > scheduler.num_swaps_out,
         "swap-in": any(record.output.swap_in for record in sim.steps),
         "abort": any(f.status is RequestStatus.FINISHED_ABORTED for f in sim.finished.values()),
+        "prefix hit": scheduler.num_prefix_hit_tokens > 0,
+        "eviction": scheduler.block_pool.num_evictions > 0,
     }
     for path in (name for name, happened in reached.items() if happened):
         event(path)
 
 
 def check_owned(pool: BlockPool, owned: list[int]) -> None:
-    assert len(set(owned)) == len(owned), f"a block owned twice: {sorted(owned)}"
-    assert len(owned) == pool.num_used, f"{pool.num_used} used, {len(owned)} owned"
-    assert all(pool.ref_count(block) == 1 for block in owned)
+    """Every block's ref count is the number of its owners: none is free while referenced and
+    none is held by nobody (a leak)."""
+    owners = Counter(owned)
+    assert len(owners) == pool.num_used, f"{pool.num_used} used, {len(owners)} owned"
+    for block in range(pool.num_blocks):
+        assert pool.ref_count(block) == owners.get(block, 0), f"block {block}: {sorted(owned)}"
 
 
 def check_drained(sim: Simulation) -> None:
