@@ -20,9 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.core.config import EngineConfig
+from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
+from pdserve.core.scheduler import Scheduler, blocks_for
+from pdserve.core.step_plan import SchedulerOutput
 
 SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written
 SHARED_TOKEN = 10**6  # prompts' shared prefixes are made of these, own tokens of order * 1000 + i
@@ -41,6 +43,7 @@ class FakeRunner:
     def execute(self, output: SchedulerOutput, chunks: Sequence[Chunk]) -> None:
         """Runs one plan: the copies, then the forward's KV writes, then its reads."""
         self._copy(output.swap_out, self.device, self.swap)
+        self._copy(output.copies, self.device, self.device)
         self._copy(output.swap_in, self.swap, self.device)
         for chunk in chunks:
             request, end = chunk.request, chunk.start + chunk.num_new
@@ -74,7 +77,7 @@ class FakeRunner:
     def _copy(
         self, pairs: Sequence[tuple[int, int]], src: list[list[SlotKV]], dst: list[list[SlotKV]]
     ) -> None:
-        if pairs and not self.swap:
+        if pairs and not (self.swap or src is dst):
             raise RuntimeError("scheduler asked for a swap but the engine has no swap space")
         # copy_blocks gathers every source before it scatters, like this snapshot.
         data = [list(src[src_id]) for src_id, _ in pairs]
@@ -109,6 +112,7 @@ class Arrival:
     stop_after: int | None = None  # a stop token is sampled as output token number `stop_after`
     abort_after: int | None = None  # aborted this many steps after arriving (between steps)
     shared_prefix: int = 0  # leading prompt tokens every request with this field shares
+    n: int = 1  # samples, as SamplingParams.n: sample ids are "<order>/<index>"
 
     def prompt(self, order: int) -> list[int]:
         shared = min(self.shared_prefix, self.prompt_len)
@@ -201,17 +205,32 @@ class Simulation:
         for order, arrival in enumerate(self.arrivals):
             request_id = str(order)
             if arrival.step == self.step_index:
-                prompt = arrival.prompt(order)
-                params = SamplingParams(max_tokens=arrival.max_tokens, priority=arrival.priority)
-                request = Request(request_id, prompt, params, order, float(arrival.step))
-                self.requests[request_id] = self.all_requests[request_id] = request
-                self.scheduler.add(request)
-            if (
-                arrival.abort_after is not None
-                and arrival.step + arrival.abort_after == self.step_index
-                and request_id in self.requests
+                self._arrive(order, arrival)
+            if arrival.abort_after is not None and arrival.step + arrival.abort_after == (
+                self.step_index
             ):
-                self._finish(self.requests[request_id], RequestStatus.FINISHED_ABORTED)
+                for sample_id in sample_ids(request_id, arrival.n):
+                    if sample_id in self.requests:
+                        self._finish(self.requests[sample_id], RequestStatus.FINISHED_ABORTED)
+
+    def _arrive(self, order: int, arrival: Arrival) -> None:
+        """Queues the samples as LLMEngine.add_request does: the first one leads, others fork."""
+        params = SamplingParams(
+            max_tokens=arrival.max_tokens, priority=arrival.priority, n=arrival.n
+        )
+        samples = []
+        for index, sample_id in enumerate(sample_ids(str(order), arrival.n)):
+            prompt = arrival.prompt(order)
+            request = Request(
+                sample_id, prompt, params.for_sample(index), order, float(arrival.step)
+            )
+            request.sample_index = index
+            self.requests[sample_id] = self.all_requests[sample_id] = request
+            samples.append(request)
+        if arrival.prompt_len > 1 and self.scheduler.forks_samples:
+            samples[0].forks, samples = samples[1:], samples[:1]
+        for request in samples:
+            self.scheduler.add(request)
 
     def _append_sampled(self, request: Request) -> None:
         arrival = self.arrival_of(request)
@@ -225,7 +244,12 @@ class Simulation:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.request_id in self.finished:
             raise AssertionError(f"request {request.request_id} finished twice")
+        pending = list(request.forks)
         self.scheduler.finish(request, status)
+        for fork in pending:  # never forked: they finish with their leader
+            assert fork.status is status
+            del self.requests[fork.request_id]
+            self.finished[fork.request_id] = Finish(status, 0, self.step_index)
         assert request.status is status
         assert not request.block_ids and not request.swap_block_ids
         del self.requests[request.request_id]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from pdserve.core.block_pool import BlockPool
 from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.scheduler import Scheduler, blocks_for
 from pdserve.core.static_scheduler import StaticScheduler
@@ -56,6 +57,7 @@ def arrival_lists(draw: st.DrawFn, config: EngineConfig, last_step: int) -> list
                 stop_after=draw(st.none() | st.integers(1, max_tokens)),
                 abort_after=draw(st.none() | st.none() | st.integers(0, 25)),
                 shared_prefix=draw(st.sampled_from([0, 0, 3, 8, 40])),
+                n=draw(st.sampled_from([1, 1, 1, 2, 3])) if config.max_num_seqs >= 3 else 1,
             )
         )
     return arrivals
@@ -94,15 +96,16 @@ def queues(sim: Simulation) -> dict[str, list[str]]:
     }
 
 
-def rank(sim: Simulation, request: Request) -> tuple[int, int]:
+def rank(sim: Simulation, request: Request) -> tuple[int, int, int]:
     """Smaller runs first, as documented for each policy; the worst request is the max."""
+    order = request.arrival_order
     if sim.config.policy is SchedulingPolicy.PRIORITY:
-        return (-request.params.priority, request.arrival_order)
+        return (-request.params.priority, order, request.sample_index)
     if sim.config.policy is SchedulingPolicy.SJF:
         left = request.num_tokens - request.num_computed_tokens
         left += request.params.max_tokens - len(request.output_token_ids)
-        return (left + sim.config.sjf_aging_tokens * request.arrival_order, request.arrival_order)
-    return (0, request.arrival_order)
+        return (left + sim.config.sjf_aging_tokens * order, order, request.sample_index)
+    return (0, order, request.sample_index)
 
 
 def check_plan(sim: Simulation, record: StepRecord, static: bool) -> None:
@@ -140,10 +143,12 @@ def check_state(sim: Simulation) -> None:
     }
     in_queues = [request for queue in expected.values() for request in queue]
     assert len(set(in_queues)) == len(in_queues), f"a request in two queues: {queues(sim)}"
-    assert set(in_queues) == set(sim.requests.values()), f"lost or stale: {queues(sim)}"
+    unforked = {fork for request in in_queues for fork in request.forks}
+    assert all(not fork.block_ids and fork.status is RequestStatus.WAITING for fork in unforked)
+    assert set(in_queues) | unforked == set(sim.requests.values()), f"lost: {queues(sim)}"
     for status, queue in expected.items():
         assert all(request.status is status for request in queue)
-    assert len(scheduler.running) <= config.max_num_seqs
+    assert len(scheduler.running) <= scheduler.num_seats() <= config.max_num_seqs
     for request in scheduler.waiting:
         assert not request.block_ids and not request.swap_block_ids, "a waiting request owns KV"
         assert request.num_computed_tokens == 0, "a recomputed request must start from 0"
@@ -166,8 +171,8 @@ def check_state(sim: Simulation) -> None:
     swap_ids = [block for request in scheduler.swapped for block in request.swap_block_ids]
     # Blocks read by this step's swap-ins stay owned until the next schedule() frees them.
     check_owned(scheduler.swap_pool, swap_ids + scheduler._deferred_swap_frees)
-    if not config.enable_prefix_caching:
-        assert len(set(device_ids)) == len(device_ids), "blocks shared with the cache off"
+    if not config.enable_prefix_caching and all(arrival.n == 1 for arrival in sim.arrivals):
+        assert len(set(device_ids)) == len(device_ids), "blocks shared with nothing to share"
 
 
 def check_no_priority_inversion(sim: Simulation) -> None:
@@ -193,6 +198,7 @@ def label_paths(sim: Simulation) -> None:
         "abort": any(f.status is RequestStatus.FINISHED_ABORTED for f in sim.finished.values()),
         "prefix hit": scheduler.num_prefix_hit_tokens > 0,
         "eviction": scheduler.block_pool.num_evictions > 0,
+        "copy-on-write": any(record.output.copies for record in sim.steps),
     }
     for path in (name for name, happened in reached.items() if happened):
         event(path)
@@ -208,9 +214,14 @@ def check_owned(pool: BlockPool, owned: list[int]) -> None:
 
 
 def check_drained(sim: Simulation) -> None:
-    assert set(sim.finished) == {str(order) for order in range(len(sim.arrivals))}
+    expected = {
+        sample_id
+        for order, arrival in enumerate(sim.arrivals)
+        for sample_id in sample_ids(str(order), arrival.n)
+    }
+    assert set(sim.finished) == expected
     for request_id, finish in sim.finished.items():
-        arrival = sim.arrivals[int(request_id)]
+        arrival = sim.arrivals[int(request_id.partition("/")[0])]
         if finish.status is RequestStatus.FINISHED_LENGTH:
             assert finish.num_output_tokens == arrival.max_tokens
         elif finish.status is RequestStatus.FINISHED_STOPPED:
