@@ -47,6 +47,12 @@ def prompts(tokenizer: Any) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
     """transformers `generate(do_sample=False)` for every prompt, one at a time (no padding)."""
+    return transformers_greedy(model_dir, prompts, MAX_NEW_TOKENS)
+
+
+def transformers_greedy(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -57,7 +63,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
             generated = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
-                max_new_tokens=MAX_NEW_TOKENS,
+                max_new_tokens=max_new_tokens,
                 do_sample=False,
             )
             outputs.append(generated[0, len(prompt) :].tolist())
@@ -91,18 +97,4 @@ def shared_prompts(prompts: list[list[int]]) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def shared_hf_greedy(model_dir: Path, shared_prompts: list[list[int]]) -> list[list[int]]:
     """transformers' greedy SHARED_MAX_TOKENS tokens for each of `shared_prompts`."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    outputs = []
-    with torch.inference_mode():
-        for prompt in shared_prompts:
-            ids = torch.tensor([prompt])
-            generated = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=SHARED_MAX_TOKENS,
-                do_sample=False,
-            )
-            outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
+    return transformers_greedy(model_dir, shared_prompts, SHARED_MAX_TOKENS)

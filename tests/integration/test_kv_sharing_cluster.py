@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.cluster import Cluster
 from tests.conftest import SHARED_MAX_TOKENS
 
-from .conftest import UCX_ENV, free_port_base
+from .conftest import start_cluster
 from .helpers import metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
@@ -28,17 +28,10 @@ WORKER_ARGS = ("--policy", "sjf", "--num-kv-blocks", "24", "--num-swap-blocks", 
 
 @pytest.fixture(scope="module")
 def sjf_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    spec = ClusterSpec(
-        model_dir=model_dir,
-        base_port=free_port_base(),
-        metrics_base_port=free_port_base(),
-        worker_args=WORKER_ARGS,
-        env=UCX_ENV,
-        drain_grace_seconds=5.0,
-    )
-    with Cluster(spec, tmp_path_factory.mktemp("sjf-cluster-logs")) as cluster:
-        cluster.wait_ready()
-        yield cluster
+    logs = tmp_path_factory.mktemp("sjf-cluster-logs")
+    cluster = start_cluster(model_dir, logs, 1, 1, WORKER_ARGS)
+    yield cluster
+    cluster.stop()
 
 
 async def _burst(address: str, prompts: list[list[int]]) -> list[list[int]]:
