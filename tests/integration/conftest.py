@@ -40,6 +40,7 @@ def start_cluster(
     log_dir: Path,
     num_prefill: int,
     num_decode: int,
+    router_args: tuple[str, ...] = (),
     worker_args: tuple[str, ...] = WORKER_ARGS,
 ) -> Cluster:
     spec = ClusterSpec(
@@ -49,6 +50,7 @@ def start_cluster(
         base_port=free_port_base(),
         metrics_base_port=free_port_base(),
         worker_args=worker_args,
+        router_args=router_args,
         env=UCX_ENV,
         drain_grace_seconds=5.0,
     )

@@ -29,7 +29,7 @@ WORKER_ARGS = ("--policy", "sjf", "--num-kv-blocks", "24", "--num-swap-blocks", 
 @pytest.fixture(scope="module")
 def sjf_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     logs = tmp_path_factory.mktemp("sjf-cluster-logs")
-    cluster = start_cluster(model_dir, logs, 1, 1, WORKER_ARGS)
+    cluster = start_cluster(model_dir, logs, 1, 1, worker_args=WORKER_ARGS)
     yield cluster
     cluster.stop()
 
