@@ -30,6 +30,10 @@ from pdserve.core.sampling_params import SamplingParams
 
 SYSTEM_TOKENS = 512
 MAX_TOKENS = 8
+# 16 sequences of ~600 tokens fit 1024 blocks with or without the cache: no preemption either way,
+# so the figures compare prefill work only (and 1024 blocks of SmolLM2 are ~0.7 GB per engine).
+NUM_KV_BLOCKS = 1024
+MAX_SEQS = 16
 
 
 def workload(count: int, seed: int) -> list[list[int]]:
@@ -43,7 +47,7 @@ def workload(count: int, seed: int) -> list[list[int]]:
 
 def colocated(prompts: list[list[int]], caching: bool) -> tuple[list[float], int]:
     """TTFT of each prompt and the prompt tokens computed, through the offline engine."""
-    llm = LLM(enable_prefix_caching=caching, num_kv_blocks=4096)
+    llm = LLM(enable_prefix_caching=caching, num_kv_blocks=NUM_KV_BLOCKS, max_num_seqs=MAX_SEQS)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     start = time.monotonic()
     for index, prompt in enumerate(prompts):
@@ -58,7 +62,8 @@ def colocated(prompts: list[list[int]], caching: bool) -> tuple[list[float], int
 
 
 def disaggregated(prompts: list[list[int]], caching: bool, port: int) -> tuple[list[float], int]:
-    worker_args = ("--num-kv-blocks", "4096") + (() if caching else ("--no-prefix-cache",))
+    worker_args = ("--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-num-seqs", str(MAX_SEQS))
+    worker_args += () if caching else ("--no-prefix-cache",)
     spec = ClusterSpec(
         model_dir=resolve_model(None),
         base_port=port,
