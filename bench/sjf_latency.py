@@ -16,6 +16,7 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pdserve.bench.offline_workload import WORKLOAD_DIR, WorkloadRequest, load_workload
@@ -76,20 +77,34 @@ def main() -> None:
         policy: LLM(policy=policy, max_num_seqs=args.max_num_seqs, enable_prefix_caching=False)
         for policy in ("fcfs", "sjf")
     }
-    makespan = max(run_arrivals(engines["fcfs"], requests, [0.0] * len(requests)))
-    capacity = len(requests) / makespan
-    rate = args.load * capacity
-    print(f"capacity {capacity:.3f} req/s (makespan {makespan:.1f} s); arrivals {rate:.3f} req/s")
-    results: dict[str, list[float]] = {policy: [] for policy in engines}
+    compare_policies(
+        lambda policy, offsets: run_arrivals(engines[policy], requests, offsets),
+        len(requests),
+        args,
+        "s",
+    )
+    print(f"loadavg {Path('/proc/loadavg').read_text().split()[:3]}")
+
+
+def compare_policies(
+    run: Callable[[str, list[float]], list[float]],
+    count: int,
+    args: argparse.Namespace,
+    unit: str,
+) -> None:
+    """Capacity from a burst under fcfs, then both policies on the same Poisson schedules."""
+    makespan = max(run("fcfs", [0.0] * count))
+    rate = args.load * count / makespan
+    print(f"capacity {count / makespan:.4f} req/{unit} (makespan {makespan:.1f} {unit})")
+    results: dict[str, list[float]] = {"fcfs": [], "sjf": []}
     for round_index in range(args.rounds):
-        offsets = poisson_offsets(len(requests), rate, args.seed + round_index)
-        for policy, llm in engines.items():
-            results[policy].extend(run_arrivals(llm, requests, offsets))
-    print("policy  mean_e2e_s  p99_e2e_s  requests")
+        offsets = poisson_offsets(count, rate, args.seed + round_index)
+        for policy, latencies in results.items():
+            latencies.extend(run(policy, offsets))
+    print(f"policy  mean_e2e_{unit}  p99_e2e_{unit}  requests")
     for policy, latencies in results.items():
         mean = statistics.fmean(latencies)
         print(f"{policy:6}  {mean:10.2f}  {p99(latencies):9.2f}  {len(latencies):8}")
-    print(f"loadavg {Path('/proc/loadavg').read_text().split()[:3]}")
 
 
 if __name__ == "__main__":

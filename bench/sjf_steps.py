@@ -12,11 +12,10 @@ so this shows the policies' effect on ordering, not on time; sjf_latency measure
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 from pdserve.bench.offline_workload import WORKLOAD_DIR, WorkloadRequest, load_workload
-from pdserve.bench.sjf_latency import p99, poisson_offsets
+from pdserve.bench.sjf_latency import compare_policies
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams
@@ -63,24 +62,16 @@ def main() -> None:
     args = parser.parse_args()
     requests = load_workload(args.workload)
     configs = {
-        policy: EngineConfig(
+        policy.value: EngineConfig(
             max_num_seqs=args.max_num_seqs, policy=policy, sjf_aging_tokens=args.sjf_aging_tokens
         )
         for policy in (SchedulingPolicy.FCFS, SchedulingPolicy.SJF)
     }
-    makespan = max(run_steps(configs[SchedulingPolicy.FCFS], requests, [0.0] * len(requests)))
-    rate = args.load * len(requests) / makespan
-    print(f"capacity {len(requests) / makespan:.4f} req/step (makespan {makespan} steps)")
-    results: dict[SchedulingPolicy, list[int]] = {policy: [] for policy in configs}
-    for round_index in range(args.rounds):
-        arrivals = poisson_offsets(len(requests), rate, args.seed + round_index)
-        for policy, config in configs.items():
-            results[policy].extend(run_steps(config, requests, arrivals))
-    print("policy  mean_e2e_steps  p99_e2e_steps  requests")
-    for policy, latencies in results.items():
-        floats = [float(value) for value in latencies]
-        mean = statistics.fmean(floats)
-        print(f"{policy.value:6}  {mean:14.1f}  {p99(floats):13.1f}  {len(latencies):8}")
+
+    def run(policy: str, arrivals: list[float]) -> list[float]:
+        return [float(steps) for steps in run_steps(configs[policy], requests, arrivals)]
+
+    compare_policies(run, len(requests), args, "steps")
 
 
 if __name__ == "__main__":
