@@ -62,8 +62,8 @@ def colocated(prompts: list[list[int]], caching: bool) -> tuple[list[float], int
 
 
 def disaggregated(prompts: list[list[int]], caching: bool, port: int) -> tuple[list[float], int]:
-    worker_args = ("--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-num-seqs", str(MAX_SEQS))
-    worker_args += () if caching else ("--no-prefix-cache",)
+    switch = () if caching else ("--no-prefix-cache",)
+    worker_args = ("--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-num-seqs", str(MAX_SEQS), *switch)
     spec = ClusterSpec(
         model_dir=resolve_model(None),
         base_port=port,
