@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.cluster import Cluster, ClusterSpec, ClusterTls
 
 # Small pools keep five processes within the CI machine's memory.
 WORKER_ARGS = ("--num-kv-blocks", "256", "--num-swap-blocks", "64")
@@ -42,6 +42,7 @@ def start_cluster(
     num_decode: int,
     router_args: tuple[str, ...] = (),
     worker_args: tuple[str, ...] = WORKER_ARGS,
+    tls: ClusterTls | None = None,
 ) -> Cluster:
     spec = ClusterSpec(
         model_dir=model_dir,
@@ -53,6 +54,7 @@ def start_cluster(
         router_args=router_args,
         env=UCX_ENV,
         drain_grace_seconds=5.0,
+        tls=tls,
     )
     cluster = Cluster(spec, log_dir)
     cluster.start()
