@@ -16,7 +16,7 @@ from pdserve.core.kv_cache import KVCache
 from pdserve.core.model.forward import CausalLM
 from pdserve.core.request import Request
 from pdserve.core.sampler import sample
-from pdserve.core.step_plan import SchedulerOutput
+from pdserve.core.scheduler import SchedulerOutput
 from pdserve.kernels import copy_blocks
 
 _BLOCK_DIM = 2  # the block axis of KVCache.tensor

@@ -34,7 +34,10 @@ from __future__ import annotations
 from pdserve.core.block_pool import BlockPool, chain_hashes
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.step_plan import SchedulerOutput, StepPlan
+from pdserve.core.step_plan import (
+    SchedulerOutput as SchedulerOutput,  # re-exported: imported from here
+)
+from pdserve.core.step_plan import StepPlan
 
 
 class Scheduler:

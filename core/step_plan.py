@@ -15,7 +15,7 @@ class SchedulerOutput:
     swap_out: tuple[tuple[int, int], ...]  # (device block, swap block) pairs
     swap_in: tuple[tuple[int, int], ...]  # (swap block, device block) pairs
     preempted_ids: tuple[str, ...]
-    copies: tuple[tuple[int, int], ...]  # copy-on-write (device src, device dst) pairs
+    copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (device src, device dst) pairs
 
     @property
     def is_empty(self) -> bool:
