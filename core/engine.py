@@ -85,8 +85,8 @@ class LLMEngine:
         if swap is not None and device.type == "cuda":
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
-        identity = f"{self.model_config!r}|{self.layout!r}"
-        self.scheduler = scheduler_class(config, cache_root(identity))
+        self.scheduler = scheduler_class(config)
+        self.scheduler.cache_root = cache_root(f"{self.model_config!r}|{self.layout!r}")
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()

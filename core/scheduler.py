@@ -43,9 +43,9 @@ from pdserve.core.step_plan import StepPlan
 class Scheduler:
     forks_samples = True  # n > 1: later samples fork from the first (Request.forks)
 
-    def __init__(self, config: EngineConfig, cache_root: bytes = b"") -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.cache_root = cache_root  # see block_pool.cache_root: the model and layout
+        self.cache_root = b""  # block_pool.cache_root of the model and layout; the engine sets it
         self.block_pool = BlockPool(config.num_kv_blocks, config.enable_prefix_caching)
         self.swap_pool = BlockPool(config.num_swap_blocks)
         self.waiting: list[Request] = []
