@@ -183,8 +183,7 @@ class Scheduler:
         leader.forks = []
 
     def _take_cached_prefix(self, request: Request) -> int:
-        """A fresh request takes the cached blocks of its leading tokens (all but the last token,
-        whose logits give the next token); how many tokens."""
+        """A fresh request takes the cached blocks of its tokens but the last; how many tokens."""
         if not self.block_pool.enable_caching:
             return 0
         usable = (request.target_tokens - 1) // self.config.block_size
@@ -195,10 +194,9 @@ class Scheduler:
         return request.num_computed_tokens
 
     def _block_hashes(self, request: Request) -> list[bytes]:
-        chain_hashes(
-            self.cache_root, request.all_token_ids, self.config.block_size, request.block_hashes
-        )
-        return request.block_hashes
+        hashes, block_size = request.block_hashes, self.config.block_size
+        chain_hashes(self.cache_root, request.all_token_ids, block_size, hashes)
+        return hashes
 
     def _free_blocks(self, request: Request) -> None:
         """Frees a request's device blocks, its last block first: the cache evicts in the order
