@@ -12,6 +12,7 @@ from pdserve.core.model.precision import QUANTIZATIONS
 class SchedulingPolicy(enum.Enum):
     FCFS = "fcfs"
     PRIORITY = "priority"  # higher `priority` first, then arrival
+    SJF = "sjf"  # least remaining work first, aged by arrival (see Scheduler._rank)
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,18 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     quantization: str = "none"  # or "int8": weight-only, opt-in (core/model/precision.py)
+    enable_prefix_caching: bool = True  # reuse computed full blocks across requests
+    sjf_aging_tokens: int = 16  # `sjf`: each later arrival counts as this many more tokens of work
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        positive = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens")
+        for name in (*positive, "sjf_aging_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching: must be a bool, got {self.enable_prefix_caching!r}"
+            )
         if self.num_swap_blocks < 0:
             raise ValueError(f"num_swap_blocks: must be >= 0, got {self.num_swap_blocks}")
         if self.dtype not in DTYPES:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from pdserve.core.block_pool import cache_root
 from pdserve.core.config import EngineConfig
 from pdserve.core.detokenizer import IncrementalDetokenizer
 from pdserve.core.kv_cache import KVCache, KVLayout
@@ -29,6 +30,13 @@ from pdserve.core.sampling_params import (
 )
 from pdserve.core.scheduler import Scheduler, blocks_for
 
+SAMPLE_SEPARATOR = "/"
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's n samples: itself for n = 1, else `<id>/0` .. `<id>/<n-1>`."""
+    return [request_id] if n == 1 else [f"{request_id}{SAMPLE_SEPARATOR}{i}" for i in range(n)]
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -40,6 +48,15 @@ class EngineStats:
     num_free_swap_blocks: int
     num_preemptions: int
     num_swaps_out: int
+    num_cached_blocks: int
+    num_cache_evictions: int
+    num_prefix_query_tokens: int
+    num_prefix_hit_tokens: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of admitted prompt tokens whose KV came from the prefix cache."""
+        return self.num_prefix_hit_tokens / max(self.num_prefix_query_tokens, 1)
 
 
 class LLMEngine:
@@ -71,6 +88,7 @@ class LLMEngine:
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
         self.scheduler = scheduler_class(config)
+        self.scheduler.cache_root = cache_root(f"{self.model_config!r}|{self.layout!r}")
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()
@@ -83,32 +101,64 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
     ) -> str:
-        """Validates and queues a request; raises InvalidRequestError naming the bad field."""
+        """Validates and queues a request; raises InvalidRequestError naming the bad field.
+
+        With `params.n` > 1 its samples run as requests `sample_ids(request_id, n)`; the first
+        computes the prompt and the others fork from it (see Request.forks).
+        """
         order = next(self._arrivals)
         request_id = str(order) if request_id is None else request_id
-        if request_id in self.requests:
-            raise DuplicateRequestError(request_id)
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", "must be a SamplingParams")
+        ids = sample_ids(request_id, params.n)
+        if any(known in self.requests for known in {request_id, *ids}):
+            raise DuplicateRequestError(request_id)
         token_ids = self._prompt_token_ids(prompt)
         self._check_fits(len(token_ids), params.max_tokens)
-        request = Request(request_id, token_ids, params, order, time.monotonic())
+        if params.n > self.config.max_num_seqs:
+            raise InvalidRequestError("n", f"{params.n} exceeds max_num_seqs")
+        samples = [
+            self._new_request(sample_id, token_ids, params.for_sample(index), order, index)
+            for index, sample_id in enumerate(ids)
+        ]
+        if len(token_ids) > 1 and self.scheduler.forks_samples:  # one token: nothing to share
+            samples[0].forks, samples = samples[1:], samples[:1]
+        for request in samples:
+            self.scheduler.add(request)
+        return request_id
+
+    def _new_request(
+        self, request_id: str, token_ids: list[int], params: SamplingParams, order: int, index: int
+    ) -> Request:
+        request = Request(request_id, list(token_ids), params, order, time.monotonic())
+        request.sample_index = index
         if params.seed is not None:
             request.generator = torch.Generator().manual_seed(params.seed)
         self.requests[request_id] = request
         self._detokenizers[request_id] = self._new_detokenizer(params)
-        self.scheduler.add(request)
-        return request_id
+        return request
 
     def _new_detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop)
 
     def abort(self, request_id: str) -> None:
-        """Finishes a request as aborted and frees its blocks (unknown ids are ignored)."""
-        request = self.requests.pop(request_id, None)
-        if request is not None:
+        """Finishes a request (all n samples of it) as aborted and frees its blocks (unknown ids
+        are ignored)."""
+        for sample_id in self._sample_ids_in_flight(request_id):
+            request = self.requests.pop(sample_id, None)
+            if request is None:
+                continue  # a fork aborted with its leader below
+            pending = list(request.forks)
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-            del self._detokenizers[request_id]
+            del self._detokenizers[sample_id]
+            for fork in pending:  # never forked: they hold nothing yet
+                del self.requests[fork.request_id], self._detokenizers[fork.request_id]
+
+    def _sample_ids_in_flight(self, request_id: str) -> list[str]:
+        if request_id in self.requests:
+            return [request_id]
+        prefix = request_id + SAMPLE_SEPARATOR
+        return [known for known in self.requests if known.startswith(prefix)]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -158,7 +208,7 @@ class LLMEngine:
                 request.first_scheduled_time = now
         sampled = self.runner.execute(output, self.requests)
         for request_id, num_new in output.num_scheduled_tokens.items():
-            self.requests[request_id].num_computed_tokens += num_new
+            self.scheduler.record_computed(self.requests[request_id], num_new)
         return [self._append(self.requests[rid], token) for rid, token in sampled.items()]
 
     def _append(self, request: Request, token: int) -> TokenDelta:
@@ -199,4 +249,8 @@ class LLMEngine:
             num_free_swap_blocks=scheduler.swap_pool.num_free,
             num_preemptions=scheduler.num_preemptions,
             num_swaps_out=scheduler.num_swaps_out,
+            num_cached_blocks=scheduler.block_pool.num_cached_blocks,
+            num_cache_evictions=scheduler.block_pool.num_evictions,
+            num_prefix_query_tokens=scheduler.num_prefix_query_tokens,
+            num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
         )

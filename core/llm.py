@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.engine import LLMEngine
+from pdserve.core.engine import LLMEngine, sample_ids
 from pdserve.core.model.source import resolve_model
 from pdserve.core.outputs import CompletionOutput, TokenDelta
 from pdserve.core.sampling_params import SamplingParams
@@ -36,10 +36,16 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
-        """Runs every prompt to completion; outputs come back in the order of `prompts`."""
+        """Runs every prompt to completion; outputs come back in the order of `prompts`, the n
+        samples of a prompt with `SamplingParams(n=...)` one after another."""
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_params_list(params, len(prompt_list))
-        ids = self._add_all(prompt_list, param_list)
+        added = self._add_all(prompt_list, param_list)
+        ids = [
+            sample_id
+            for request_id, sampling in zip(added, param_list, strict=True)
+            for sample_id in sample_ids(request_id, sampling.n)
+        ]
         prompt_ids = {rid: tuple(self.engine.requests[rid].prompt_token_ids) for rid in ids}
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
         texts: dict[str, list[str]] = {rid: [] for rid in ids}

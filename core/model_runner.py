@@ -1,7 +1,8 @@
 """Executes one scheduler step: block copies, the forward pass, sampling.
 
 The runner owns the device KV cache and the CPU swap space; the scheduler owns which blocks are
-whose. Copies run in the order the scheduler relies on: swap-out, then swap-in, then the forward.
+whose. Copies run in the order the scheduler relies on: swap-out, copy-on-write, swap-in, then
+the forward.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class ModelRunner:
 
     def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, int]:
         """Runs the step; returns the sampled token of every request that caught up."""
-        self._copy_swapped_blocks(output)
+        self._copy_blocks(output)
         chunks = _ordered_chunks(output, requests)
         if not chunks:
             return {}
@@ -60,16 +61,16 @@ class ModelRunner:
             chunk.request.request_id: token for chunk, token in zip(sampling, tokens, strict=True)
         }
 
-    def _copy_swapped_blocks(self, output: SchedulerOutput) -> None:
-        if not (output.swap_out or output.swap_in):
-            return
-        if self.swap_cache is None:
+    def _copy_blocks(self, output: SchedulerOutput) -> None:
+        """Swap-out, copy-on-write, swap-in: the order core/scheduler.py relies on."""
+        if (output.swap_out or output.swap_in) and self.swap_cache is None:
             raise RuntimeError("scheduler asked for a swap but the engine has no swap space")
         for pairs, src, dst in (
             (output.swap_out, self.kv_cache, self.swap_cache),
+            (output.copies, self.kv_cache, self.kv_cache),
             (output.swap_in, self.swap_cache, self.kv_cache),
         ):
-            if pairs:
+            if pairs and src is not None and dst is not None:
                 src_ids, dst_ids = zip(*pairs, strict=True)
                 copy_blocks(src.tensor, dst.tensor, list(src_ids), list(dst_ids), dim=_BLOCK_DIM)
 

@@ -48,6 +48,11 @@ class Request:
     num_preemptions: int = 0
     first_scheduled_time: float | None = None  # monotonic; queue time ends here
     generator: torch.Generator | None = None  # per-request RNG when the request has a seed
+    block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, grown lazily
+    # n > 1: the other samples of this prompt. They wait until this request has computed all but
+    # the last prompt token, then share its blocks (copy-on-write) and go on on their own.
+    forks: list[Request] = field(default_factory=list)
+    sample_index: int = 0  # which of the n samples; they share arrival_order and rank in order
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +61,27 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def fork_point(self) -> int:
+        """Tokens this request's forks start from: each computes the last prompt token itself,
+        into its own copy of the partly filled last block, and samples from its own logits."""
+        return self.num_prompt_tokens - 1
+
+    @property
+    def target_tokens(self) -> int:
+        """Tokens to compute before the next sample (or, with forks pending, before the fork)."""
+        return self.fork_point if self.forks else self.num_tokens
+
+    @property
+    def remaining_work(self) -> int:
+        """Tokens left to process: uncomputed ones and the outputs still to come."""
+        left_to_generate = self.params.max_tokens - len(self.output_token_ids)
+        return self.num_tokens - self.num_computed_tokens + left_to_generate
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
 
     def token_id(self, index: int) -> int:
         prompt_len = len(self.prompt_token_ids)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class InvalidRequestError(ValueError):
@@ -32,11 +32,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     priority: int = 0  # higher runs first under the `priority` policy
+    n: int = 1  # completions of the prompt; they share its KV blocks (copy-on-write)
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
         _check_int("top_k", self.top_k, minimum=0)
         _check_int("priority", self.priority, minimum=None)
+        _check_int("n", self.n, minimum=1)
         if self.seed is not None:
             _check_int("seed", self.seed, minimum=0)
         _check_number("temperature", self.temperature)
@@ -53,6 +55,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """Sample `index` of n: n = 1 and, when seeded, the derived seed `seed + index`, so each
+        sample gives exactly the tokens a single-sample request with that seed gives."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed)
 
 
 def _check_int(field: str, value: object, minimum: int | None) -> None:

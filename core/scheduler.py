@@ -9,40 +9,44 @@ prefill chunks and decodes share every step under one token budget. A step:
    preempted: its blocks are swapped to the CPU pool if it has room, else freed for recompute.
 2. Swapped and waiting requests, best first, are admitted while budget, `max_num_seqs` and blocks
    allow. Under the `priority` policy a request may preempt running requests worse than itself.
+   A waiting request first takes the leading blocks the pool has cached for its tokens (prefix
+   caching lives in the block pool; here we only ask how many leading blocks are cached), starts
+   computing after them, and allocates only the rest.
 
-The runner copies in this order: swap-out, swap-in, forward. So device blocks released by a
-swap-out can be reused at once (they are read before anything writes them), while swap blocks
-released by a swap-in go back to the swap pool only at the next step (a swap-out earlier in the
-same step's copies would otherwise overwrite them before they are read).
+After the forward, `record_computed` advances each request and registers the blocks it filled, so
+later requests (and its own recompute after a preemption) can reuse them.
+
+With n > 1 the samples of a prompt share its blocks: the first computes all but the last prompt
+token, then `_fork` gives every other sample a reference on each block. A request about to write
+into a block others hold gets a private copy first (copy-on-write; only the partly filled last
+block is ever written, full blocks stay shared).
+
+The runner copies in this order: swap-out, copy-on-write, swap-in, forward. So device blocks
+released by a swap-out can be reused at once (they are read before anything writes them); a
+copy's source is read before any swap-in or forward can overwrite it, and a request swapped out
+right after its copy-on-write swaps out the copy's source instead (`StepPlan.cancel_copies`). Swap
+blocks released by a swap-in go back to the swap pool only at the next step (a swap-out earlier
+in the same step's copies would otherwise overwrite them before they are read).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pdserve.core.block_pool import BlockPool
+from pdserve.core.block_pool import BlockPool, chain_hashes
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.request import Request, RequestStatus
-
-
-@dataclass(frozen=True)
-class SchedulerOutput:
-    """One step's plan: only ids and ints, so it can cross into the runner (or a process)."""
-
-    num_scheduled_tokens: dict[str, int]  # request id -> new tokens this step, in run order
-    swap_out: tuple[tuple[int, int], ...]  # (device block, swap block) pairs
-    swap_in: tuple[tuple[int, int], ...]  # (swap block, device block) pairs
-    preempted_ids: tuple[str, ...]
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.num_scheduled_tokens
+from pdserve.core.step_plan import (
+    SchedulerOutput as SchedulerOutput,  # re-exported: imported from here
+)
+from pdserve.core.step_plan import StepPlan
 
 
 class Scheduler:
+    forks_samples = True  # n > 1: later samples fork from the first (Request.forks)
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.block_pool = BlockPool(config.num_kv_blocks)
+        self.cache_root = b""  # block_pool.cache_root of the model and layout; the engine sets it
+        self.block_pool = BlockPool(config.num_kv_blocks, config.enable_prefix_caching)
         self.swap_pool = BlockPool(config.num_swap_blocks)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -50,6 +54,8 @@ class Scheduler:
         self._deferred_swap_frees: list[int] = []
         self.num_preemptions = 0
         self.num_swaps_out = 0
+        self.num_prefix_query_tokens = 0  # tokens of admitted waiting requests
+        self.num_prefix_hit_tokens = 0  # of those, found in the prefix cache
 
     # -- queue management -------------------------------------------------------------------
 
@@ -57,17 +63,28 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
+    def num_seats(self) -> int:
+        """Sequences of the running batch, counting the forks its requests will make."""
+        return sum(1 + len(request.forks) for request in self.running)
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
-        """Removes a request from whichever queue holds it and frees everything it owns."""
+        """Removes a request from whichever queue holds it and frees everything it owns; forks
+        it has not made yet finish with it."""
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
                 queue.remove(request)
-        self.block_pool.free(request.block_ids)
+            for leader in queue:
+                if request in leader.forks:
+                    leader.forks.remove(request)
+        for fork in request.forks:
+            fork.status = status
+        request.forks = []
+        self._free_blocks(request)
         self.swap_pool.free(request.swap_block_ids)
-        request.block_ids, request.swap_block_ids = [], []
+        request.swap_block_ids = []
         request.status = status
         if not self.has_unfinished():
             self._release_deferred()  # no next step may come to do it; the copies have run
@@ -76,23 +93,18 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._release_deferred()
-        step = _Step(budget=self.config.max_num_batched_tokens)
+        step = StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(step)
         self._admit_queued(step)
         self.running.sort(key=self._rank)
-        return SchedulerOutput(
-            num_scheduled_tokens=step.scheduled,
-            swap_out=tuple(step.swap_out),
-            swap_in=tuple(step.swap_in),
-            preempted_ids=tuple(step.preempted),
-        )
+        return step.output()
 
-    def _schedule_running(self, step: _Step) -> None:
+    def _schedule_running(self, step: StepPlan) -> None:
         for request in sorted(self.running, key=self._rank):
             if request.status is not RequestStatus.RUNNING or step.budget == 0:
                 continue  # preempted earlier in this step
-            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
-            while not self._grow(request, num_new):
+            num_new = min(request.target_tokens - request.num_computed_tokens, step.budget)
+            while not self._grow(request, num_new, step):
                 victim = self._worst_running()
                 self._preempt(victim, step)
                 if victim is request:
@@ -100,30 +112,40 @@ class Scheduler:
             else:
                 step.schedule(request, num_new)
 
-    def _admit_queued(self, step: _Step) -> None:
+    def _admit_queued(self, step: StepPlan) -> None:
         for request in sorted(self.swapped + self.waiting, key=self._rank):
-            if step.budget == 0 or len(self.running) >= self.config.max_num_seqs:
+            seats = self.num_seats() + 1 + len(request.forks)  # its forks will join the batch
+            if step.budget == 0 or seats > self.config.max_num_seqs:
                 return
             if step.best_preempted is not None and self._rank(request) >= step.best_preempted:
                 return  # nothing worse than a request preempted this step may take its place
-            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            # Fresh: nothing computed yet (not swapped, no KV that arrived from the prefill tier).
+            fresh = request.status is RequestStatus.WAITING and not request.block_ids
+            num_cached = self._take_cached_prefix(request) if fresh else 0
+            num_new = min(request.target_tokens - request.num_computed_tokens, step.budget)
             if not self._make_room(request, num_new, step):
+                if num_cached:  # gives its cached prefix back
+                    self._free_blocks(request)
+                    request.num_computed_tokens = 0
                 return  # head-of-line: admitting later ones first would break the order
+            if fresh:
+                self.num_prefix_query_tokens += request.num_tokens
+                self.num_prefix_hit_tokens += num_cached
             self._admit(request, num_new, step)
 
-    def _admit(self, request: Request, num_new: int, step: _Step) -> None:
+    def _admit(self, request: Request, num_new: int, step: StepPlan) -> None:
         """Moves a waiting or swapped request into the running batch for `num_new` tokens."""
         if request.status is RequestStatus.SWAPPED:
             self._swap_in(request, step)
             self.swapped.remove(request)
         else:
             self.waiting.remove(request)
-        self._grow(request, num_new)
+        self._grow(request, num_new, step)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         step.schedule(request, num_new)
 
-    def _make_room(self, request: Request, num_new: int, step: _Step) -> bool:
+    def _make_room(self, request: Request, num_new: int, step: StepPlan) -> bool:
         """Whether `request` fits; under `priority` it may preempt worse running requests."""
         while not self.block_pool.can_allocate(self._blocks_needed(request, num_new)):
             victim = self._worst_running() if self.running else None
@@ -136,29 +158,92 @@ class Scheduler:
             self._preempt(victim, step)
         return True
 
+    # -- prefix cache ------------------------------------------------------------------------
+
+    def record_computed(self, request: Request, num_new: int) -> None:
+        """The forward wrote `num_new` more tokens of KV: blocks it filled join the cache."""
+        filled_before = request.num_computed_tokens // self.config.block_size
+        request.num_computed_tokens += num_new
+        filled = request.num_computed_tokens // self.config.block_size
+        if filled > filled_before and self.block_pool.enable_caching:
+            hashes = self._block_hashes(request)
+            for index in range(filled_before, filled):
+                self.block_pool.register(request.block_ids[index], hashes[index])
+        if request.forks and request.num_computed_tokens == request.fork_point:
+            self._fork(request)
+
+    def _fork(self, leader: Request) -> None:
+        """The leader's forks take a reference on each of its blocks and join the batch."""
+        for fork in leader.forks:
+            self.block_pool.share(leader.block_ids)
+            fork.block_ids = list(leader.block_ids)
+            fork.num_computed_tokens = leader.num_computed_tokens
+            fork.status = RequestStatus.RUNNING
+            self.running.append(fork)
+        leader.forks = []
+
+    def _take_cached_prefix(self, request: Request) -> int:
+        """A fresh request takes the cached blocks of its tokens but the last; how many tokens."""
+        if not self.block_pool.enable_caching:
+            return 0
+        usable = (request.target_tokens - 1) // self.config.block_size
+        block_ids = self.block_pool.cached_prefix(self._block_hashes(request)[:usable])
+        self.block_pool.take_cached(block_ids)
+        request.block_ids = block_ids
+        request.num_computed_tokens = len(block_ids) * self.config.block_size
+        return request.num_computed_tokens
+
+    def _block_hashes(self, request: Request) -> list[bytes]:
+        hashes, block_size = request.block_hashes, self.config.block_size
+        chain_hashes(self.cache_root, request.all_token_ids, block_size, hashes)
+        return hashes
+
+    def _free_blocks(self, request: Request) -> None:
+        """Frees a request's device blocks, its last block first: the cache evicts in the order
+        of freeing, and a prefix's tail is the part other requests are least likely to share."""
+        self.block_pool.free(request.block_ids[::-1])
+        request.block_ids = []
+
     # -- blocks, preemption, swap ------------------------------------------------------------
 
     def _blocks_needed(self, request: Request, num_new: int) -> int:
         """Device blocks to take: for the new tokens, and for swapping its blocks back in."""
         total = blocks_for(request.num_computed_tokens + num_new, self.config.block_size)
-        return max(total - len(request.block_ids), len(request.swap_block_ids))
+        grow = total - len(request.block_ids) + int(self._shared_write_block(request) is not None)
+        return max(grow, len(request.swap_block_ids))
 
-    def _grow(self, request: Request, num_new: int) -> bool:
-        """Allocates the blocks `request` needs for `num_new` more tokens, or nothing."""
+    def _grow(self, request: Request, num_new: int, step: StepPlan) -> bool:
+        """Allocates the blocks `request` needs for `num_new` more tokens, or nothing: new
+        blocks at the end, and a private copy of a shared block it is about to write into."""
         total = blocks_for(request.num_computed_tokens + num_new, self.config.block_size)
-        missing = total - len(request.block_ids)
+        shared = self._shared_write_block(request)
+        missing = total - len(request.block_ids) + int(shared is not None)
         if missing <= 0:
             return True
         ids = self.block_pool.allocate(missing)
         if ids is None:
             return False
+        if shared is not None:
+            copy = ids.pop()
+            step.copies.append((request.block_ids[shared], copy))
+            self.block_pool.free([request.block_ids[shared]])
+            request.block_ids[shared] = copy
         request.block_ids.extend(ids)
         return True
+
+    def _shared_write_block(self, request: Request) -> int | None:
+        """Index of the block the next token goes into, when other requests hold it too."""
+        index = request.num_computed_tokens // self.config.block_size
+        shared = (
+            index < len(request.block_ids)
+            and self.block_pool.ref_count(request.block_ids[index]) > 1
+        )
+        return index if shared else None
 
     def _worst_running(self) -> Request:
         return max(self.running, key=self._rank)
 
-    def _preempt(self, request: Request, step: _Step) -> None:
+    def _preempt(self, request: Request, step: StepPlan) -> None:
         rank = self._rank(request)
         step.best_preempted = (
             rank if step.best_preempted is None else min(step.best_preempted, rank)
@@ -168,22 +253,22 @@ class Scheduler:
         step.preempted.append(request.request_id)
         request.num_preemptions += 1
         self.num_preemptions += 1
+        sources = step.cancel_copies(request.block_ids)
         swap_ids = self.swap_pool.allocate(len(request.block_ids))
         if swap_ids is None:  # swap pool full: recompute from scratch later
-            self.block_pool.free(request.block_ids)
-            request.block_ids = []
+            self._free_blocks(request)
             request.num_computed_tokens = 0
             request.status = RequestStatus.WAITING
             self.waiting.append(request)
             return
-        step.swap_out.extend(zip(request.block_ids, swap_ids, strict=True))
-        self.block_pool.free(request.block_ids)
-        request.block_ids, request.swap_block_ids = [], swap_ids
+        step.swap_out.extend(zip(sources, swap_ids, strict=True))
+        self._free_blocks(request)
+        request.swap_block_ids = swap_ids
         request.status = RequestStatus.SWAPPED
         self.num_swaps_out += 1
         self.swapped.append(request)
 
-    def _swap_in(self, request: Request, step: _Step) -> None:
+    def _swap_in(self, request: Request, step: StepPlan) -> None:
         device_ids = self.block_pool.allocate(len(request.swap_block_ids))
         assert device_ids is not None  # _make_room counted these blocks
         step.swap_in.extend(zip(request.swap_block_ids, device_ids, strict=True))
@@ -194,30 +279,21 @@ class Scheduler:
         self.swap_pool.free(self._deferred_swap_frees)
         self._deferred_swap_frees = []
 
-    def _rank(self, request: Request) -> tuple[int, int]:
-        """Sort key: smaller runs first. The worst request is the max."""
+    def _rank(self, request: Request) -> tuple[int, int, int]:
+        """Sort key: smaller runs first. The worst request is the max.
+
+        `sjf` ranks by remaining work (prompt tokens still to compute + output tokens still to
+        generate) plus `sjf_aging_tokens` per arrival before it. A waiting request's work is fixed,
+        so one with work W is overtaken by at most W / sjf_aging_tokens later arrivals: nothing
+        starves, and the bound shrinks as the aging grows (at W / aging -> 0 it is fcfs).
+        """
+        order = (request.arrival_order, request.sample_index)
         if self.config.policy is SchedulingPolicy.PRIORITY:
-            return (-request.params.priority, request.arrival_order)
-        return (0, request.arrival_order)
-
-
-class _Step:
-    """The plan being built for one step."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.scheduled: dict[str, int] = {}
-        self.swap_out: list[tuple[int, int]] = []
-        self.swap_in: list[tuple[int, int]] = []
-        self.preempted: list[str] = []
-        self.best_preempted: tuple[int, int] | None = None  # rank of the best request preempted
-
-    def schedule(self, request: Request, num_new: int) -> None:
-        self.scheduled[request.request_id] = num_new
-        self.budget -= num_new
-
-    def unschedule(self, request: Request) -> None:
-        self.budget += self.scheduled.pop(request.request_id, 0)
+            return (-request.params.priority, *order)
+        if self.config.policy is SchedulingPolicy.SJF:
+            age = self.config.sjf_aging_tokens * request.arrival_order
+            return (request.remaining_work + age, *order)
+        return (0, *order)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

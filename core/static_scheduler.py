@@ -2,16 +2,20 @@
 
 FCFS batches of `max_num_seqs`: a batch is admitted whole (prompts in one step, no chunking) and
 no request joins until every request of the batch has finished, so slots of early finishers sit
-idle. That idleness is exactly what continuous batching removes.
+idle. That idleness is exactly what continuous batching removes. It shares no blocks between the
+n samples of a prompt either: each computes the prompt itself.
 """
 
 from __future__ import annotations
 
-from pdserve.core.scheduler import Scheduler, _Step
+from pdserve.core.scheduler import Scheduler
+from pdserve.core.step_plan import StepPlan
 
 
 class StaticScheduler(Scheduler):
-    def _admit_queued(self, step: _Step) -> None:
+    forks_samples = False  # it prefills whole prompts at once: n samples run as n requests
+
+    def _admit_queued(self, step: StepPlan) -> None:
         if self.running:
             return
         step.budget = 1 << 62  # a static batch prefills its whole prompts together

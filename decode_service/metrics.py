@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from pdserve.core.serving.cache_metrics import register_prefix_cache_gauges
 from pdserve.decode_service.engine import DecodeEngine
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -28,6 +29,7 @@ TOKENS = Counter("pdserve_decode_generated_tokens_total", "Tokens streamed by th
 
 def register_engine_gauges(engine: DecodeEngine) -> None:
     """Gauges read at scrape time (plain int reads of engine state; a scrape never blocks it)."""
+    register_prefix_cache_gauges("decode", engine)
     pool = engine.scheduler.block_pool
     swap_pool = engine.scheduler.swap_pool
     receiver = engine.receiver

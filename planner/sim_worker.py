@@ -167,7 +167,7 @@ class SimWorker:
 
     def _end_step(self, chunks: list[Chunk], now: float) -> None:
         for chunk in chunks:
-            chunk.request.num_computed_tokens += chunk.num_new
+            self.scheduler.record_computed(chunk.request, chunk.num_new)  # as LLMEngine.step
         for chunk in chunks:
             if chunk.completes:
                 self._append_token(chunk.request, now)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from pdserve.core.serving.cache_metrics import register_prefix_cache_gauges
 from pdserve.prefill_service.engine import PrefillEngine
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -24,6 +25,7 @@ PROMPT_TOKENS = Counter("pdserve_prefill_prompt_tokens_total", "Prompt tokens pr
 
 def register_engine_gauges(engine: PrefillEngine) -> None:
     """Gauges read at scrape time (plain reads of engine state; a scrape never blocks it)."""
+    register_prefix_cache_gauges("prefill", engine)
     pool = engine.scheduler.block_pool
     Gauge("pdserve_prefill_queue_depth", "Prompts accepted and not yet shipped").set_function(
         engine.queue_depth

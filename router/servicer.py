@@ -20,6 +20,13 @@ from pdserve.router.clock import RequestClock
 from pdserve.router.config import RouterConfig
 from pdserve.router.dispatch import Deadline, Dispatcher
 from pdserve.router.errors import RouterError, to_status
+from pdserve.router.samples import (
+    clocks_for,
+    gather_all,
+    interleave,
+    merge_responses,
+    sample_requests,
+)
 from pdserve.router.validation import RequestValidator, ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, generation_pb2, generation_pb2_grpc
 
@@ -46,20 +53,30 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
     ) -> generation_pb2.GenerateResponse:
         clock = RequestClock()
         async with self._answering("Generate", context), self._admitted(request) as valid:
-            return await self._collect(valid, context, clock)
+            samples = sample_requests(valid)
+            clocks = clocks_for(samples, clock)
+            calls = [self._collect(s, context, c) for s, c in zip(samples, clocks, strict=True)]
+            return merge_responses(valid.request_id, await gather_all(calls))
         raise AssertionError("unreachable: _answering re-raises or aborts the call")
 
     async def GenerateStream(
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[generation_pb2.GenerateStreamResponse]:
         clock = RequestClock()
-        async with (
-            self._answering("GenerateStream", context),
-            self._admitted(request) as valid,
-            contextlib.aclosing(self._deltas(valid, context, clock)) as deltas,
-        ):
-            async for delta in deltas:
-                yield _chunk(valid, delta, clock)
+        async with self._answering("GenerateStream", context), self._admitted(request) as valid:
+            samples = sample_requests(valid)
+            if len(samples) == 1:
+                async with contextlib.aclosing(self._deltas(valid, context, clock)) as deltas:
+                    async for delta in deltas:
+                        yield _chunk(valid, delta, clock)
+                return
+            clocks = clocks_for(samples, clock)
+            streams = [self._deltas(s, context, c) for s, c in zip(samples, clocks, strict=True)]
+            async with contextlib.aclosing(interleave(streams)) as chunks:
+                async for index, delta in chunks:
+                    chunk = _chunk(samples[index], delta, clocks[index])
+                    chunk.request_id, chunk.sample_index = valid.request_id, index
+                    yield chunk
 
     async def Info(
         self, request: generation_pb2.InfoRequest, context: Context

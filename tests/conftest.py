@@ -47,6 +47,12 @@ def prompts(tokenizer: Any) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
     """transformers `generate(do_sample=False)` for every prompt, one at a time (no padding)."""
+    return transformers_greedy(model_dir, prompts, MAX_NEW_TOKENS)
+
+
+def transformers_greedy(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -57,7 +63,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
             generated = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
-                max_new_tokens=MAX_NEW_TOKENS,
+                max_new_tokens=max_new_tokens,
                 do_sample=False,
             )
             outputs.append(generated[0, len(prompt) :].tolist())
@@ -68,3 +74,27 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
 def max_new_tokens() -> int:
     """How many tokens `hf_greedy` generated per prompt."""
     return MAX_NEW_TOKENS
+
+
+# Prompts that share leading tokens, for the prefix cache (tests/core/test_prefix_cache.py).
+SHARED_LENGTHS = (0, 9, 100)  # none, part of one 16-token block, six blocks and a bit
+TAIL_LENGTHS = (5, 23, 40)
+SHARED_MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="session")
+def shared_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    """For each shared length, tails of TAIL_LENGTHS after the same leading tokens."""
+    source = prompts[-1]  # 500 tokens of real text
+    out = []
+    for shared in SHARED_LENGTHS:
+        for index, tail in enumerate(TAIL_LENGTHS):
+            start = 120 + 40 * index
+            out.append(source[:shared] + source[start : start + tail])
+    return out
+
+
+@pytest.fixture(scope="session")
+def shared_hf_greedy(model_dir: Path, shared_prompts: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy SHARED_MAX_TOKENS tokens for each of `shared_prompts`."""
+    return transformers_greedy(model_dir, shared_prompts, SHARED_MAX_TOKENS)

@@ -52,17 +52,30 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + field.name.replace("_", "-")
         default = getattr(defaults, field.name)
         if field.name == "policy":
-            add_flag(
-                group, flag, str, default.value, "scheduling policy", choices=["fcfs", "priority"]
-            )
+            choices = [policy.value for policy in SchedulingPolicy]
+            add_flag(group, flag, str, default.value, "scheduling policy", choices=choices)
         elif field.name == "dtype":
             add_flag(group, flag, str, default, "model and KV dtype", choices=sorted(DTYPES))
         elif field.name == "quantization":
             add_flag(group, flag, str, default, "weight-only quantization", list(QUANTIZATIONS))
         elif field.name == "device":
             add_flag(group, flag, str, default, "torch device (cpu, cuda, cuda:1)")
+        elif field.name == "enable_prefix_caching":
+            _add_no_prefix_cache(group)
         else:
             add_flag(group, flag, int, default, field.name.replace("_", " "))
+
+
+def _add_no_prefix_cache(group: argparse._ArgumentGroup) -> None:
+    """`--no-prefix-cache` (env `PDSERVE_NO_PREFIX_CACHE=true`) turns the prefix cache off."""
+    raw = os.environ.get(env_name("--no-prefix-cache"))
+    group.add_argument(
+        "--no-prefix-cache",
+        dest="enable_prefix_caching",
+        action="store_false",
+        default=not parse_bool(raw) if raw is not None else True,
+        help=f"do not reuse cached prefix blocks (env {env_name('--no-prefix-cache')})",
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

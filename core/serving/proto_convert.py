@@ -36,6 +36,7 @@ def sampling_from_proto(message: common_pb2.SamplingParams, priority: int) -> Sa
             stop_token_ids=tuple(message.stop_token_ids),
             ignore_eos=message.ignore_eos,
             priority=priority,
+            n=message.n or 1,
         )
     except InvalidRequestError as error:
         field = error.field if error.field == "priority" else f"sampling.{error.field}"
@@ -51,6 +52,7 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         stop=list(params.stop),
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        n=params.n,
     )
     if params.seed is not None:
         message.seed = params.seed

@@ -1,14 +1,16 @@
 """A model-free engine loop for property tests: the scheduler's plans run against fake KV memory.
 
 `FakeRunner` stands in for ModelRunner. Every slot of every device and swap block records whose KV
-it holds, as (request id, token position). A step applies the plan in the runner's order: all
-swap-out copies, then all swap-in copies, then the forward, which writes the KV of every scheduled
-token and then lets every scheduled request read positions 0 .. start + num_new - 1 through its
-block table (write_kv runs before attention in every layer, so all writes precede all reads). A
-read that does not find the request's own KV means a block was lost, shared or overwritten.
+it holds, as a key of the tokens up to and including its position (KV at a position depends on
+exactly those), so a block reused from the prefix cache passes only if its prefix is the reader's.
+A step applies the plan in the runner's order: all swap-out copies, then all swap-in copies, then
+the forward, which writes the KV of every scheduled token and then lets every scheduled request
+read positions 0 .. start + num_new - 1 through its block table (write_kv runs before attention in
+every layer, so all writes precede all reads). A read that does not find the request's own KV
+means a block was lost, wrongly shared or overwritten.
 
 `Simulation` drives a scheduler the way LLMEngine does: arrivals and aborts between steps, then
-schedule, run, `num_computed_tokens += n`, one sampled token for each request that caught up, and
+schedule, run, `record_computed`, one sampled token for each request that caught up, and
 a finish on max_tokens (or on a scripted stop token). The invariants live in the tests.
 """
 
@@ -18,11 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.core.config import EngineConfig
+from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
 
-SlotKV = tuple[str, int] | None  # (request id, position) whose KV a slot holds; None: never written
+SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written
+SHARED_TOKEN = 10**6  # prompts' shared prefixes are made of these, own tokens of order * 1000 + i
 
 
 class KVMismatchError(AssertionError):
@@ -38,6 +42,7 @@ class FakeRunner:
     def execute(self, output: SchedulerOutput, chunks: Sequence[Chunk]) -> None:
         """Runs one plan: the copies, then the forward's KV writes, then its reads."""
         self._copy(output.swap_out, self.device, self.swap)
+        self._copy(output.copies, self.device, self.device)
         self._copy(output.swap_in, self.swap, self.device)
         for chunk in chunks:
             request, end = chunk.request, chunk.start + chunk.num_new
@@ -47,8 +52,9 @@ class FakeRunner:
                     f"request {request.request_id} scheduled up to {end} tokens "
                     f"with {len(request.block_ids)} blocks, needs {needed}"
                 )
+            keys = prefix_keys(request)
             for position in range(chunk.start, end):
-                self._set(self.device, request.block_ids, position, (request.request_id, position))
+                self._set(self.device, request.block_ids, position, keys[position])
         for chunk in chunks:
             end = chunk.start + chunk.num_new
             self.check_holds(self.device, chunk.request, chunk.request.block_ids, end)
@@ -57,10 +63,11 @@ class FakeRunner:
         self, memory: list[list[SlotKV]], request: Request, block_ids: list[int], num_positions: int
     ) -> None:
         """Positions 0 .. num_positions - 1 of `request`, read through `block_ids`, are its own."""
+        keys = prefix_keys(request)
         for position in range(num_positions):
             block = block_ids[position // self.block_size]
             found = memory[block][position % self.block_size]
-            if found != (request.request_id, position):
+            if found != keys[position]:
                 raise KVMismatchError(
                     f"request {request.request_id} position {position} in block {block} "
                     f"holds {found}"
@@ -69,7 +76,7 @@ class FakeRunner:
     def _copy(
         self, pairs: Sequence[tuple[int, int]], src: list[list[SlotKV]], dst: list[list[SlotKV]]
     ) -> None:
-        if pairs and not self.swap:
+        if pairs and not (self.swap or src is dst):
             raise RuntimeError("scheduler asked for a swap but the engine has no swap space")
         # copy_blocks gathers every source before it scatters, like this snapshot.
         data = [list(src[src_id]) for src_id, _ in pairs]
@@ -78,6 +85,15 @@ class FakeRunner:
 
     def _set(self, memory: list[list[SlotKV]], ids: list[int], position: int, kv: SlotKV) -> None:
         memory[ids[position // self.block_size]][position % self.block_size] = kv
+
+
+def prefix_keys(request: Request) -> list[int]:
+    """One key per position, equal for two requests exactly when their tokens up to it are."""
+    keys, key = [], 0
+    for token in request.all_token_ids:
+        key = hash((key, token))
+        keys.append(key)
+    return keys
 
 
 def _blocks(count: int, block_size: int) -> list[list[SlotKV]]:
@@ -94,6 +110,13 @@ class Arrival:
     priority: int = 0
     stop_after: int | None = None  # a stop token is sampled as output token number `stop_after`
     abort_after: int | None = None  # aborted this many steps after arriving (between steps)
+    shared_prefix: int = 0  # leading prompt tokens every request with this field shares
+    n: int = 1  # samples, as SamplingParams.n: sample ids are "<order>/<index>"
+
+    def prompt(self, order: int) -> list[int]:
+        shared = min(self.shared_prefix, self.prompt_len)
+        own = range(self.prompt_len - shared)
+        return [SHARED_TOKEN + i for i in range(shared)] + [order * 1000 + i for i in own]
 
 
 @dataclass(frozen=True)
@@ -166,7 +189,7 @@ class Simulation:
         record = StepRecord(running_before, tuple(self.scheduler.running), output, chunks)
         self.runner.execute(output, chunks)
         for chunk in chunks:
-            chunk.request.num_computed_tokens += chunk.num_new
+            self.scheduler.record_computed(chunk.request, chunk.num_new)
         for chunk in chunks:
             if chunk.completes:
                 self._append_sampled(chunk.request)
@@ -181,17 +204,32 @@ class Simulation:
         for order, arrival in enumerate(self.arrivals):
             request_id = str(order)
             if arrival.step == self.step_index:
-                prompt = [order * 1000 + i for i in range(arrival.prompt_len)]
-                params = SamplingParams(max_tokens=arrival.max_tokens, priority=arrival.priority)
-                request = Request(request_id, prompt, params, order, float(arrival.step))
-                self.requests[request_id] = self.all_requests[request_id] = request
-                self.scheduler.add(request)
-            if (
-                arrival.abort_after is not None
-                and arrival.step + arrival.abort_after == self.step_index
-                and request_id in self.requests
+                self._arrive(order, arrival)
+            if arrival.abort_after is not None and arrival.step + arrival.abort_after == (
+                self.step_index
             ):
-                self._finish(self.requests[request_id], RequestStatus.FINISHED_ABORTED)
+                for sample_id in sample_ids(request_id, arrival.n):
+                    if sample_id in self.requests:
+                        self._finish(self.requests[sample_id], RequestStatus.FINISHED_ABORTED)
+
+    def _arrive(self, order: int, arrival: Arrival) -> None:
+        """Queues the samples as LLMEngine.add_request does: the first one leads, others fork."""
+        params = SamplingParams(
+            max_tokens=arrival.max_tokens, priority=arrival.priority, n=arrival.n
+        )
+        samples = []
+        for index, sample_id in enumerate(sample_ids(str(order), arrival.n)):
+            prompt = arrival.prompt(order)
+            request = Request(
+                sample_id, prompt, params.for_sample(index), order, float(arrival.step)
+            )
+            request.sample_index = index
+            self.requests[sample_id] = self.all_requests[sample_id] = request
+            samples.append(request)
+        if arrival.prompt_len > 1 and self.scheduler.forks_samples:
+            samples[0].forks, samples = samples[1:], samples[:1]
+        for request in samples:
+            self.scheduler.add(request)
 
     def _append_sampled(self, request: Request) -> None:
         arrival = self.arrival_of(request)
@@ -205,7 +243,12 @@ class Simulation:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.request_id in self.finished:
             raise AssertionError(f"request {request.request_id} finished twice")
+        pending = list(request.forks)
         self.scheduler.finish(request, status)
+        for fork in pending:  # never forked: they finish with their leader
+            assert fork.status is status
+            del self.requests[fork.request_id]
+            self.finished[fork.request_id] = Finish(status, 0, self.step_index)
         assert request.status is status
         assert not request.block_ids and not request.swap_block_ids
         del self.requests[request.request_id]

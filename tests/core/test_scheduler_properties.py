@@ -8,6 +8,7 @@ every request finishes exactly once with the right number of tokens, and that th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from hypothesis import HealthCheck, event, given, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from pdserve.core.block_pool import BlockPool
 from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.scheduler import Scheduler, blocks_for
 from pdserve.core.static_scheduler import StaticScheduler
@@ -33,6 +35,8 @@ def configs(draw: st.DrawFn, block_sizes: tuple[int, ...]) -> EngineConfig:
         max_num_seqs=draw(st.integers(1, 6)),
         max_num_batched_tokens=draw(st.sampled_from([1, 2, 5, 16, 64])),
         policy=draw(st.sampled_from(SchedulingPolicy)),
+        enable_prefix_caching=draw(st.booleans()),
+        sjf_aging_tokens=draw(st.sampled_from([1, 4, 16])),
     )
 
 
@@ -52,6 +56,8 @@ def arrival_lists(draw: st.DrawFn, config: EngineConfig, last_step: int) -> list
                 priority=draw(st.integers(0, 3)),
                 stop_after=draw(st.none() | st.integers(1, max_tokens)),
                 abort_after=draw(st.none() | st.none() | st.integers(0, 25)),
+                shared_prefix=draw(st.sampled_from([0, 0, 3, 8, 40])),
+                n=draw(st.sampled_from([1, 1, 1, 2, 3])) if config.max_num_seqs >= 3 else 1,
             )
         )
     return arrivals
@@ -90,11 +96,16 @@ def queues(sim: Simulation) -> dict[str, list[str]]:
     }
 
 
-def rank(sim: Simulation, request: Request) -> tuple[int, int]:
+def rank(sim: Simulation, request: Request) -> tuple[int, int, int]:
     """Smaller runs first, as documented for each policy; the worst request is the max."""
+    order = request.arrival_order
     if sim.config.policy is SchedulingPolicy.PRIORITY:
-        return (-request.params.priority, request.arrival_order)
-    return (0, request.arrival_order)
+        return (-request.params.priority, order, request.sample_index)
+    if sim.config.policy is SchedulingPolicy.SJF:
+        left = request.num_tokens - request.num_computed_tokens
+        left += request.params.max_tokens - len(request.output_token_ids)
+        return (left + sim.config.sjf_aging_tokens * order, order, request.sample_index)
+    return (0, order, request.sample_index)
 
 
 def check_plan(sim: Simulation, record: StepRecord, static: bool) -> None:
@@ -132,10 +143,12 @@ def check_state(sim: Simulation) -> None:
     }
     in_queues = [request for queue in expected.values() for request in queue]
     assert len(set(in_queues)) == len(in_queues), f"a request in two queues: {queues(sim)}"
-    assert set(in_queues) == set(sim.requests.values()), f"lost or stale: {queues(sim)}"
+    unforked = {fork for request in in_queues for fork in request.forks}
+    assert all(not fork.block_ids and fork.status is RequestStatus.WAITING for fork in unforked)
+    assert set(in_queues) | unforked == set(sim.requests.values()), f"lost: {queues(sim)}"
     for status, queue in expected.items():
         assert all(request.status is status for request in queue)
-    assert len(scheduler.running) <= config.max_num_seqs
+    assert len(scheduler.running) <= scheduler.num_seats() <= config.max_num_seqs
     for request in scheduler.waiting:
         assert not request.block_ids and not request.swap_block_ids, "a waiting request owns KV"
         assert request.num_computed_tokens == 0, "a recomputed request must start from 0"
@@ -151,11 +164,15 @@ def check_state(sim: Simulation) -> None:
         runner.check_holds(
             runner.swap, request, request.swap_block_ids, request.num_computed_tokens
         )
+    for request in scheduler.running:
+        assert len(set(request.block_ids)) == len(request.block_ids), "a block twice in one table"
     device_ids = [block for request in scheduler.running for block in request.block_ids]
     check_owned(scheduler.block_pool, device_ids)
     swap_ids = [block for request in scheduler.swapped for block in request.swap_block_ids]
     # Blocks read by this step's swap-ins stay owned until the next schedule() frees them.
     check_owned(scheduler.swap_pool, swap_ids + scheduler._deferred_swap_frees)
+    if not config.enable_prefix_caching and all(arrival.n == 1 for arrival in sim.arrivals):
+        assert len(set(device_ids)) == len(device_ids), "blocks shared with nothing to share"
 
 
 def check_no_priority_inversion(sim: Simulation) -> None:
@@ -179,21 +196,32 @@ def label_paths(sim: Simulation) -> None:
         "recompute": scheduler.num_preemptions > scheduler.num_swaps_out,
         "swap-in": any(record.output.swap_in for record in sim.steps),
         "abort": any(f.status is RequestStatus.FINISHED_ABORTED for f in sim.finished.values()),
+        "prefix hit": scheduler.num_prefix_hit_tokens > 0,
+        "eviction": scheduler.block_pool.num_evictions > 0,
+        "copy-on-write": any(record.output.copies for record in sim.steps),
     }
     for path in (name for name, happened in reached.items() if happened):
         event(path)
 
 
 def check_owned(pool: BlockPool, owned: list[int]) -> None:
-    assert len(set(owned)) == len(owned), f"a block owned twice: {sorted(owned)}"
-    assert len(owned) == pool.num_used, f"{pool.num_used} used, {len(owned)} owned"
-    assert all(pool.ref_count(block) == 1 for block in owned)
+    """Every block's ref count is the number of its owners: none is free while referenced and
+    none is held by nobody (a leak)."""
+    owners = Counter(owned)
+    assert len(owners) == pool.num_used, f"{pool.num_used} used, {len(owners)} owned"
+    for block in range(pool.num_blocks):
+        assert pool.ref_count(block) == owners.get(block, 0), f"block {block}: {sorted(owned)}"
 
 
 def check_drained(sim: Simulation) -> None:
-    assert set(sim.finished) == {str(order) for order in range(len(sim.arrivals))}
+    expected = {
+        sample_id
+        for order, arrival in enumerate(sim.arrivals)
+        for sample_id in sample_ids(str(order), arrival.n)
+    }
+    assert set(sim.finished) == expected
     for request_id, finish in sim.finished.items():
-        arrival = sim.arrivals[int(request_id)]
+        arrival = sim.arrivals[int(request_id.partition("/")[0])]
         if finish.status is RequestStatus.FINISHED_LENGTH:
             assert finish.num_output_tokens == arrival.max_tokens
         elif finish.status is RequestStatus.FINISHED_STOPPED:

@@ -20,8 +20,13 @@ from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.workload import TraceRequest
 from tests.planner.helpers import fixed_step_profile
 
+# The prefix cache off: with it, recomputes reuse their own blocks and the trace swaps no more.
 CONFIG = EngineConfig(
-    num_kv_blocks=14, num_swap_blocks=6, max_num_seqs=4, max_num_batched_tokens=48
+    num_kv_blocks=14,
+    num_swap_blocks=6,
+    max_num_seqs=4,
+    max_num_batched_tokens=48,
+    enable_prefix_caching=False,
 )
 
 

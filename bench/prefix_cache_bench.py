@@ -1,0 +1,123 @@
+"""Prefix cache on vs off: 64 requests sharing a 512-token system prompt, distinct 20-100 tails.
+
+All requests arrive at once. Colocated: the offline engine (`pdserve.LLM`), TTFT = first token's
+wall time after the burst began. Disaggregated: router + 1 prefill + 1 decode (real processes,
+UCX), 64 concurrent unary calls, TTFT = the router's `first_token_seconds`. Prefill tokens
+computed = prompt tokens admitted - tokens found in the prefix cache (the engine's counters, or
+the prefill tier's /metrics).
+
+    python -m pdserve.bench.prefix_cache_bench --mode colocated
+    python -m pdserve.bench.prefix_cache_bench --mode disaggregated --port 55051
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from pdserve.client import GenerationClient, build_request
+from pdserve.client import SamplingParams as WireSamplingParams
+from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.core.llm import LLM
+from pdserve.core.model.source import resolve_model
+from pdserve.core.sampling_params import SamplingParams
+
+SYSTEM_TOKENS = 512
+MAX_TOKENS = 8
+# 16 sequences of ~600 tokens fit 1024 blocks with or without the cache: no preemption either way,
+# so the figures compare prefill work only (and 1024 blocks of SmolLM2 are ~0.7 GB per engine).
+NUM_KV_BLOCKS = 1024
+MAX_SEQS = 16
+
+
+def workload(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    system = [rng.randrange(100, 49152) for _ in range(SYSTEM_TOKENS)]
+    return [
+        system + [rng.randrange(100, 49152) for _ in range(rng.randint(20, 100))]
+        for _ in range(count)
+    ]
+
+
+def colocated(prompts: list[list[int]], caching: bool) -> tuple[list[float], int]:
+    """TTFT of each prompt and the prompt tokens computed, through the offline engine."""
+    llm = LLM(enable_prefix_caching=caching, num_kv_blocks=NUM_KV_BLOCKS, max_num_seqs=MAX_SEQS)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    start = time.monotonic()
+    for index, prompt in enumerate(prompts):
+        llm.engine.add_request(prompt, params, str(index))
+    first: dict[str, float] = {}
+    for delta in llm.stream():
+        first.setdefault(delta.request_id, time.monotonic() - start)
+    stats = llm.engine.stats()
+    return [first[str(i)] for i in range(len(prompts))], (
+        stats.num_prefix_query_tokens - stats.num_prefix_hit_tokens
+    )
+
+
+def disaggregated(prompts: list[list[int]], caching: bool, port: int) -> tuple[list[float], int]:
+    switch = () if caching else ("--no-prefix-cache",)
+    worker_args = ("--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-num-seqs", str(MAX_SEQS), *switch)
+    spec = ClusterSpec(
+        model_dir=resolve_model(None),
+        base_port=port,
+        metrics_base_port=port + 100,
+        worker_args=worker_args,
+        env=(("UCX_WARN_UNUSED_ENV_VARS", "n"),),
+    )
+    with Cluster(spec, Path(tempfile.mkdtemp(prefix="pdserve-prefix-"))) as cluster:
+        cluster.wait_ready()
+        ttfts = asyncio.run(_burst(cluster.router.address, prompts))
+        prefill = cluster.prefill[0]
+        computed = _metric(prefill.metrics_port, "pdserve_prefill_prompt_tokens_total") - (
+            _metric(prefill.metrics_port, "pdserve_prefill_prefix_cache_hit_tokens")
+        )
+    return ttfts, int(computed)
+
+
+async def _burst(address: str, prompts: list[list[int]]) -> list[float]:
+    sampling = WireSamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    async with GenerationClient.connect(address) as client:
+        replies = await asyncio.gather(
+            *(client.generate(build_request(p, sampling=sampling)) for p in prompts)
+        )
+    return [reply.timings.first_token_seconds for reply in replies]
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise KeyError(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=["colocated", "disaggregated"], default="colocated")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--port", type=int, default=55051, help="router port (disaggregated)")
+    parser.add_argument("--seed", type=int, default=11)
+    args = parser.parse_args()
+    prompts = workload(args.requests, args.seed)
+    print(f"{args.mode}: {len(prompts)} requests, {sum(map(len, prompts))} prompt tokens")
+    print("cache  ttft_p50_s  ttft_p99_s  prefill_tokens_computed")
+    for caching in (False, True):
+        if args.mode == "colocated":
+            ttfts, computed = colocated(prompts, caching)
+        else:
+            ttfts, computed = disaggregated(prompts, caching, args.port)
+        p50 = statistics.median(ttfts)
+        p99 = statistics.quantiles(ttfts, n=100, method="inclusive")[98]
+        print(f"{'on' if caching else 'off':5}  {p50:10.2f}  {p99:10.2f}  {computed:23d}")
+    print(f"loadavg {Path('/proc/loadavg').read_text().split()[:3]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Prefix-cache gauges, the same on both tiers (names in docs/contract.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import Gauge
+
+from pdserve.core.engine import LLMEngine
+
+
+def register_prefix_cache_gauges(tier: str, engine: LLMEngine) -> None:
+    """Gauges read at scrape time: plain int reads of the scheduler and its block pool."""
+    scheduler = engine.scheduler
+    pool = scheduler.block_pool
+    prefix = f"pdserve_{tier}_prefix_cache"
+    Gauge(f"{prefix}_hit_rate", "Share of admitted tokens found cached (0..1)").set_function(
+        lambda: scheduler.num_prefix_hit_tokens / max(scheduler.num_prefix_query_tokens, 1)
+    )
+    Gauge(f"{prefix}_hit_tokens", "Admitted tokens whose KV was cached").set_function(
+        lambda: scheduler.num_prefix_hit_tokens
+    )
+    Gauge(f"{prefix}_blocks", "Blocks holding a reusable prefix").set_function(
+        lambda: pool.num_cached_blocks
+    )
+    Gauge(f"{prefix}_evictions", "Cached blocks reused for other KV").set_function(
+        lambda: pool.num_evictions
+    )

@@ -1,0 +1,61 @@
+"""One scheduler step's plan: built in a `StepPlan`, handed to the runner as a `SchedulerOutput`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.core.request import Request
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's plan: only ids and ints, so it can cross into the runner (or a process)."""
+
+    num_scheduled_tokens: dict[str, int]  # request id -> new tokens this step, in run order
+    swap_out: tuple[tuple[int, int], ...]  # (device block, swap block) pairs
+    swap_in: tuple[tuple[int, int], ...]  # (swap block, device block) pairs
+    preempted_ids: tuple[str, ...]
+    copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (device src, device dst) pairs
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class StepPlan:
+    """The plan being built for one step."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.scheduled: dict[str, int] = {}
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.copies: list[tuple[int, int]] = []
+        self.preempted: list[str] = []
+        self.best_preempted: tuple[int, int, int] | None = (
+            None  # rank of the best request preempted
+        )
+
+    def schedule(self, request: Request, num_new: int) -> None:
+        self.scheduled[request.request_id] = num_new
+        self.budget -= num_new
+
+    def output(self) -> SchedulerOutput:
+        return SchedulerOutput(
+            num_scheduled_tokens=self.scheduled,
+            swap_out=tuple(self.swap_out),
+            swap_in=tuple(self.swap_in),
+            preempted_ids=tuple(self.preempted),
+            copies=tuple(self.copies),
+        )
+
+    def unschedule(self, request: Request) -> None:
+        self.budget += self.scheduled.pop(request.request_id, 0)
+
+    def cancel_copies(self, block_ids: list[int]) -> list[int]:
+        """A request preempted after a copy-on-write this step: drops its copies and returns
+        its blocks with each uncopied one replaced by the source, which a swap-out (the first
+        copy of a step) still finds intact."""
+        source_of = {dst: src for src, dst in self.copies}
+        self.copies = [(src, dst) for src, dst in self.copies if dst not in block_ids]
+        return [source_of.get(block_id, block_id) for block_id in block_ids]
