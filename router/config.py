@@ -28,6 +28,8 @@ class RouterConfig:
     max_stop_strings: int = 16
     # Reported by Info until a decode worker's reservation tells the real one.
     block_size: int = 16
+    # The OpenAI-compatible HTTP door (router/http/); 0 turns it off.
+    http_port: int = 8000
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_attempts", "max_stop_strings", "block_size"):
@@ -41,6 +43,8 @@ class RouterConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{_flag(name)}: must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.http_port <= 65535:
+            raise ValueError(f"--http-port: must be in [0, 65535], got {self.http_port}")
 
 
 def _flag(field: str) -> str:

@@ -86,6 +86,8 @@ def test_router_becomes_ready_serves_metrics_and_drains(model_dir: Path) -> None
                         tiers.prefill_addresses[0],
                         "--decode",
                         tiers.decode_addresses[0],
+                        "--http-port",
+                        "0",
                     )
                 ),
                 ServerConfig("127.0.0.1", port, metrics_port, drain_grace_seconds=5.0),
