@@ -61,7 +61,8 @@ ENV PATH=/opt/pdserve/bin:$PATH \
     PDSERVE_MODEL_CACHE=/home/pdserve/.cache/pdserve/models
 USER 10001:10001
 WORKDIR /home/pdserve
-# gRPC: router 50051, prefill 50061, decode 50071; Prometheus metrics: 9100, 9101, 9102.
-EXPOSE 50051 50061 50071 9100 9101 9102
+# gRPC: router 50051, prefill 50061, decode 50071; Prometheus metrics: 9100, 9101, 9102;
+# the router's OpenAI-compatible HTTP API: 8000.
+EXPOSE 50051 50061 50071 9100 9101 9102 8000
 ENTRYPOINT ["pdserve"]
 CMD ["router"]

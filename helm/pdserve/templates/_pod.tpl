@@ -13,6 +13,7 @@ process binds with --port, readiness asks for the role's service name, liveness 
 - --prefill={{ include "pdserve.workerAddress" (dict "root" .root "role" "prefill") }}
 - --decode={{ include "pdserve.workerAddress" (dict "root" .root "role" "decode") }}
 - --resolve-interval-seconds={{ $cfg.resolveIntervalSeconds }}
+- --http-port={{ $cfg.httpPort }}
 {{- with $cfg.maxQueue }}
 - --max-queue={{ . }}
 {{- end }}
@@ -127,6 +128,11 @@ spec:
         - name: metrics
           containerPort: {{ $cfg.metricsPort }}
           protocol: TCP
+        {{- if and (eq .role "router") $cfg.httpPort }}
+        - name: http
+          containerPort: {{ $cfg.httpPort }}
+          protocol: TCP
+        {{- end }}
       startupProbe:
         grpc:
           port: {{ $cfg.port }}
