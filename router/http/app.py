@@ -84,10 +84,10 @@ async def _answer(
         else:
             request = body.to_generate_request()
     except (InvalidRequestError, RouterError) as error:
-        refusal = api_error(error, endpoint.prompt_param)
+        refusal = api_error(error, body.params())
         metrics.REQUESTS.labels(endpoint.value, refusal.code.name).inc()
         return refusal.response()
-    call = Call(admission, endpoint, model, request, body.include_usage)
+    call = Call(admission, endpoint, model, request, body.params(), body.include_usage)
     return await answer(http, call, body.stream)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -51,6 +51,7 @@ class Call:
     endpoint: Endpoint
     model: str
     request: generation_pb2.GenerateRequest
+    params: Mapping[str, str]  # validator field -> the client's parameter name, where they differ
     include_usage: bool = False
 
 
@@ -63,7 +64,7 @@ async def answer(http: Request, call: Call, stream: bool) -> Response:
     except ClientDisconnected:
         return Response(status_code=_CLIENT_CLOSED)
     except Exception as error:
-        return api_error(error, call.endpoint.prompt_param).response()
+        return api_error(error, call.params).response()
     return StreamingResponse(_prepend(first, events), media_type="text/event-stream")
 
 
@@ -122,7 +123,7 @@ async def _events(call: Call) -> AsyncGenerator[str, None]:
     except Exception as error:
         if not started:
             raise
-        yield _event(api_error(error, call.endpoint.prompt_param).body())
+        yield _event(api_error(error, call.params).body())
     yield _DONE
 
 

@@ -9,6 +9,7 @@ RESOURCE_EXHAUSTED is refused here with 429, UNAVAILABLE with 503, INVALID_ARGUM
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -38,6 +39,7 @@ _ERROR_TYPE = {
 }
 # The router's validator names proto fields; the client sent OpenAI's names.
 _PARAMS = {"prompt_token_ids": "prompt", "sampling.stop": "stop"}
+_NO_RENAMES: Mapping[str, str] = {}
 
 
 class UnknownModelError(InvalidRequestError):
@@ -72,22 +74,21 @@ class ApiError:
         return JSONResponse(self.body(), status_code=self.http_status)
 
 
-def api_error(error: BaseException, prompt_param: str = "prompt") -> ApiError:
-    """The OpenAI-shaped error for `error`; `prompt_param` is what the prompt is called."""
+def api_error(error: BaseException, params: Mapping[str, str] = _NO_RENAMES) -> ApiError:
+    """The OpenAI-shaped error for `error`; `params` renames validator fields to what this
+    request called them (`prompt` -> `messages` on the chat endpoint)."""
     if isinstance(error, UnknownModelError):
         return ApiError(grpc.StatusCode.NOT_FOUND, str(error), "model")
     code, message = to_status(error)
-    param = param_of(error.field, prompt_param) if isinstance(error, InvalidRequestError) else None
+    param = param_of(error.field, params) if isinstance(error, InvalidRequestError) else None
     if param is not None and not message.startswith(param):
         message = f"{param}: {message.split(': ', 1)[-1]}"
     return ApiError(code, message, param)
 
 
-def param_of(field: str, prompt_param: str) -> str:
-    """`sampling.max_tokens` -> `max_tokens`; `prompt` -> `messages` on the chat endpoint."""
-    if field == "prompt":
-        return prompt_param
-    return _PARAMS.get(field, field.removeprefix("sampling."))
+def param_of(field: str, params: Mapping[str, str]) -> str:
+    """`sampling.max_tokens` -> `max_tokens`, unless `params` names it otherwise."""
+    return params.get(field) or _PARAMS.get(field, field.removeprefix("sampling."))
 
 
 async def on_validation_error(request: Request, error: Exception) -> JSONResponse:

@@ -21,11 +21,6 @@ class Endpoint(enum.Enum):
     COMPLETIONS = "/v1/completions"
     CHAT = "/v1/chat/completions"
 
-    @property
-    def prompt_param(self) -> str:
-        """What the client called its prompt (for error messages)."""
-        return "messages" if self is Endpoint.CHAT else "prompt"
-
 
 def finish_reason(value: common_pb2.FinishReason.ValueType) -> str | None:
     return _FINISH_REASONS.get(value)

@@ -2,7 +2,8 @@
 
 Field checks that belong to OpenAI's shape (types, ranges, `n`, `logprobs`) fail here with the
 OpenAI parameter's name; everything else (prompt length, context, stop strings) is checked by the
-same validator as the gRPC door, and `errors.param_of` maps its field names back to OpenAI's.
+same validator as the gRPC door, and `errors.param_of` maps its field names back to OpenAI's
+(`params()` lists where a body's names differ).
 Unknown fields are ignored, as OpenAI-compatible servers do for clients that send more.
 """
 
@@ -61,6 +62,10 @@ class _Sampling(BaseModel):
     def _max_tokens(self) -> int:
         return self.max_tokens or DEFAULT_MAX_TOKENS
 
+    def params(self) -> dict[str, str]:
+        """Validator field -> this body's parameter, where the names differ (for errors)."""
+        return {}
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -113,6 +118,12 @@ class ChatCompletionRequest(_Sampling):
 
     def _max_tokens(self) -> int:
         return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+    def params(self) -> dict[str, str]:
+        names = {"prompt": "messages"}
+        if self.max_completion_tokens is not None:
+            names["sampling.max_tokens"] = "max_completion_tokens"
+        return names
 
     def chat_messages(self) -> list[ChatMessage]:
         if self.logprobs:

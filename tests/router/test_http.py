@@ -126,6 +126,11 @@ def test_chat_bad_messages_and_unknown_model(router_stack: Any) -> None:
                 await client.chat.completions.create(model=model, messages=[])
             assert isinstance(caught.value.body, dict)
             assert caught.value.body["param"] == "messages"
+            too_long: Any = {"model": model, "messages": [{"role": "user", "content": "Hi"}]}
+            with pytest.raises(openai.BadRequestError) as caught:
+                await client.chat.completions.create(**too_long, max_completion_tokens=10**6)
+            assert isinstance(caught.value.body, dict)
+            assert caught.value.body["param"] == "max_completion_tokens"
             with pytest.raises(openai.NotFoundError) as missing:
                 await client.completions.create(model="no-such-model", prompt="Hi")
             assert isinstance(missing.value.body, dict)
