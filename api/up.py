@@ -14,7 +14,9 @@ from pdserve.core.serving.cli_config import add_flag, add_model_arguments
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--prefill", type=int, default=1, help="prefill workers")
+    parser.add_argument(
+        "--prefill", type=int, default=1, help="prefill workers (0: colocated, decode prefills)"
+    )
     parser.add_argument("--decode", type=int, default=1, help="decode workers")
     parser.add_argument("--port", type=int, default=50051, help="router port; workers follow it")
     parser.add_argument("--metrics-port", type=int, default=9100, help="router metrics port")
@@ -22,6 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--http-port", type=int, default=8000, help="router OpenAI HTTP port (0 = off)"
     )
     add_flag(parser, "--log-dir", Path, None, "write each process's log here (default: discard)")
+    add_flag(
+        parser,
+        "--disagg-threshold",
+        int,
+        0,
+        "the router's rule: prompts shorter than this are prefilled on decode (0: never)",
+    )
     parser.add_argument(
         "worker_args", nargs=argparse.REMAINDER, help="after --: engine flags for every worker"
     )
@@ -30,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pdserve.core.model.source import resolve_model
 
-    if args.prefill < 1 or args.decode < 1:
-        print("pdserve up: --prefill and --decode must be >= 1", file=sys.stderr)
+    if args.prefill < 0 or args.decode < 1:
+        print("pdserve up: --prefill must be >= 0 and --decode >= 1", file=sys.stderr)
         return 2
     model_dir = resolve_model(args.model, args.model_cache)  # prepared once, before the workers
     worker_args = tuple(a for a in args.worker_args if a != "--")
@@ -42,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         base_port=args.port,
         metrics_base_port=args.metrics_port,
         worker_args=worker_args,
+        router_args=("--disagg-threshold", str(args.disagg_threshold)),
         http_port=args.http_port,
     )
     stop = threading.Event()

@@ -1,11 +1,11 @@
-"""`pdserve bench`: benchmarks, one sub-subcommand each (`offline` for now)."""
+"""`pdserve bench`: benchmarks, one sub-subcommand each (`offline`, `disagg`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Protocol
 
-from pdserve.bench import offline_cli
+from pdserve.bench import disagg, offline_cli
 
 
 class Benchmark(Protocol):
@@ -16,7 +16,7 @@ class Benchmark(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-BENCHMARKS: dict[str, Benchmark] = {"offline": offline_cli}
+BENCHMARKS: dict[str, Benchmark] = {"offline": offline_cli, "disagg": disagg}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

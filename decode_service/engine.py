@@ -76,6 +76,7 @@ class DecodeEngine(LLMEngine):
         self.receiver = receiver_factory(self.runner.kv_cache)
         self._queued: deque[_Reservation] = deque()  # waiting for free blocks
         self._reserved: dict[str, _Reservation] = {}  # blocks held, KV expected
+        self._failed: dict[str, str] = {}  # freed before Generate came: request id -> why
 
     # -- commands (engine thread) ---------------------------------------------------------
 
@@ -83,9 +84,7 @@ class DecodeEngine(LLMEngine):
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> concurrent.futures.Future[TransferDescriptor]:
         """Validates now; the future resolves once blocks are held and the receive is posted."""
-        queued = any(r.request.request_id == request_id for r in self._queued)
-        if queued or request_id in self.requests or request_id in self._reserved:
-            raise DuplicateRequestError(request_id)
+        self._check_new(request_id)
         token_ids = self._prompt_token_ids(prompt_token_ids)
         self._check_fits(len(token_ids), params.max_tokens)
         if len(self._queued) >= self.limits.max_pending_reservations:
@@ -96,9 +95,28 @@ class DecodeEngine(LLMEngine):
         self._grant_queued()
         return reservation.granted
 
+    def add_local(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        """A request prefilled here (colocated): it joins the batch as in the offline engine."""
+        self._check_new(request_id)
+        self.add_request(prompt_token_ids, params, request_id)
+
+    def _check_new(self, request_id: str) -> None:
+        if self._knows(request_id):
+            raise DuplicateRequestError(request_id)
+        self._failed.pop(request_id, None)  # a retry of a failed reservation starts afresh
+
+    def _knows(self, request_id: str) -> bool:
+        queued = any(r.request.request_id == request_id for r in self._queued)
+        return queued or request_id in self.requests or request_id in self._reserved
+
     def start(self, request_id: str, token: bytes, first_token: int) -> None:
         """Prefill is done: watch for the KV and continue from `first_token`."""
         reservation = self._reserved.get(request_id)
+        if request_id in self._failed:
+            why = self._failed.pop(request_id)
+            raise KVNotArrivedError(f"request {request_id!r}: its reservation was freed: {why}")
         if reservation is None or reservation.descriptor is None:
             raise UnknownRequestError(f"request_id: {request_id!r} has no reservation here")
         if reservation.descriptor.token != token:
@@ -110,6 +128,7 @@ class DecodeEngine(LLMEngine):
 
     def abort(self, request_id: str) -> None:
         """Frees whatever the request holds, at any stage (unknown ids are ignored)."""
+        self._failed.pop(request_id, None)
         for reservation in list(self._queued):
             if reservation.request.request_id == request_id:
                 self._queued.remove(reservation)
@@ -134,11 +153,14 @@ class DecodeEngine(LLMEngine):
         deliveries: list[Delivery] = []
         now = time.monotonic()
         for request_id, reservation in list(self._reserved.items()):
-            if reservation.first_token is None:
-                if now - reservation.since > self.limits.reservation_ttl_s:
-                    self.abort(request_id)  # nobody came for it
-                continue
+            # Polled before Generate too: bytes land as soon as they arrive, and a failed
+            # transfer (prefill died mid-send) frees its blocks at once, not at the TTL.
             state = self.receiver.poll(request_id)
+            if reservation.first_token is None:
+                expired = now - reservation.since > self.limits.reservation_ttl_s
+                if state is TransferState.FAILED or expired:
+                    self._fail(request_id, "its KV transfer failed" if not expired else "expired")
+                continue
             if state is TransferState.DONE:
                 deliveries.append((request_id, self._admit(reservation)))
             elif (
@@ -148,6 +170,13 @@ class DecodeEngine(LLMEngine):
                 error = KVNotArrivedError(f"request {request_id!r}: its KV never arrived")
                 deliveries.append((request_id, error))
         return deliveries
+
+    def _fail(self, request_id: str, why: str) -> None:
+        """Frees a reservation nobody started; a late Generate learns why (KVNotArrivedError)."""
+        self.abort(request_id)
+        self._failed[request_id] = why
+        while len(self._failed) > self.limits.max_pending_reservations:
+            self._failed.pop(next(iter(self._failed)))  # oldest first: bounded memory
 
     def _grant_queued(self) -> None:
         # Swapped and preempted requests go first: they already hold a place in the batch.
@@ -198,11 +227,7 @@ class DecodeEngine(LLMEngine):
 
     def release(self, request_id: str) -> bool:
         """Aborts the request; whether it was known here."""
-        known = (
-            request_id in self.requests
-            or request_id in self._reserved
-            or any(r.request.request_id == request_id for r in self._queued)
-        )
+        known = self._knows(request_id)
         self.abort(request_id)
         return known
 

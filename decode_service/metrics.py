@@ -59,3 +59,9 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     Gauge("pdserve_decode_kv_transfer_seconds", "Summed KV transfer time").set_function(
         lambda: getattr(receiver, "seconds", 0.0)
     )
+
+
+LOCAL_PREFILLS = Counter(
+    "pdserve_decode_local_prefills",
+    "Requests whose prompt this decode worker prefilled itself (GenerateLocal: colocated path)",
+)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -36,14 +36,11 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             params = sampling_from_proto(request.sampling, request.priority)
             engine = self.runtime.engine(DecodeEngine)
             prompt = list(request.prompt_token_ids)
+            abort = functools.partial(engine.abort, request.request_id)
             granted = await self.runtime.call(
-                lambda: engine.reserve(request.request_id, prompt, params)
+                lambda: engine.reserve(request.request_id, prompt, params), undo=abort
             )
-            try:
-                descriptor = await asyncio.wrap_future(granted)
-            finally:
-                if not granted.done() or granted.cancelled():
-                    self.runtime.abort_soon(lambda: engine.abort(request.request_id))
+            descriptor = await self.runtime.wait(granted, undo=abort)
             metrics.QUEUE_TIME.observe(time.monotonic() - started)
             return descriptor_to_proto(descriptor)
 
@@ -52,37 +49,58 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         async with grpc_errors(context):
             engine = self.runtime.engine(DecodeEngine)
-            started = time.monotonic()
-            last = started
-            completion_tokens = 0
             prompt_tokens: list[int] = []
 
             def start() -> None:
                 engine.start(request.request_id, request.transfer_token, request.first_token_id)
                 prompt_tokens.append(engine.prompt_length(request.request_id))
 
-            async for delta in self.runtime.stream(request.request_id, start):
-                now = time.monotonic()
-                histogram = (
-                    metrics.INTER_TOKEN_LATENCY
-                    if completion_tokens
-                    else (metrics.TIME_TO_FIRST_TOKEN)
-                )
-                histogram.observe(now - last)
-                last = now
-                completion_tokens += len(delta.new_token_ids)
-                metrics.TOKENS.inc(len(delta.new_token_ids))
-                message = decode_pb2.TokenDelta(
-                    request_id=delta.request_id,
-                    token_ids=list(delta.new_token_ids),
-                    text=delta.text,
-                    finish_reason=finish_reason_to_proto(delta.finish_reason),
-                )
-                if delta.finished:
-                    message.usage.prompt_tokens = prompt_tokens[0]
-                    message.usage.completion_tokens = completion_tokens
-                    message.timings.decode_seconds = now - started
+            async for message in self._relay(request.request_id, start, prompt_tokens):
                 yield message
+
+    async def GenerateLocal(
+        self, request: decode_pb2.GenerateLocalRequest, context: Context
+    ) -> AsyncIterator[decode_pb2.TokenDelta]:
+        async with grpc_errors(context):
+            self.runtime.check_accepting()
+            params = sampling_from_proto(request.sampling, request.priority)
+            engine = self.runtime.engine(DecodeEngine)
+            prompt = list(request.prompt_token_ids)
+
+            def start() -> None:
+                engine.add_local(request.request_id, prompt, params)
+
+            metrics.LOCAL_PREFILLS.inc()
+            async for message in self._relay(request.request_id, start, [len(prompt)]):
+                yield message
+
+    async def _relay(
+        self, request_id: str, start: Callable[[], None], prompt_tokens: list[int]
+    ) -> AsyncIterator[decode_pb2.TokenDelta]:
+        """The request's deltas as protos, timed; `prompt_tokens` is filled by `start`."""
+        started = time.monotonic()
+        last = started
+        completion_tokens = 0
+        async for delta in self.runtime.stream(request_id, start):
+            now = time.monotonic()
+            histogram = (
+                metrics.INTER_TOKEN_LATENCY if completion_tokens else metrics.TIME_TO_FIRST_TOKEN
+            )
+            histogram.observe(now - last)
+            last = now
+            completion_tokens += len(delta.new_token_ids)
+            metrics.TOKENS.inc(len(delta.new_token_ids))
+            message = decode_pb2.TokenDelta(
+                request_id=delta.request_id,
+                token_ids=list(delta.new_token_ids),
+                text=delta.text,
+                finish_reason=finish_reason_to_proto(delta.finish_reason),
+            )
+            if delta.finished:
+                message.usage.prompt_tokens = prompt_tokens[0]
+                message.usage.completion_tokens = completion_tokens
+                message.timings.decode_seconds = now - started
+            yield message
 
     async def Release(
         self, request: decode_pb2.ReleaseRequest, context: Context

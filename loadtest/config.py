@@ -16,12 +16,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from pdserve.loadtest.schedule import LoadSchedule
+
 IGNORED_KEYS = frozenset(
     {"proto", "protoset", "import-paths", "format", "output", "cpus", "debug", "connect-timeout"}
     | {"keepalive", "reflect-metadata", "enable-compression", "authority", "stream-interval"}
 )
 UNSUPPORTED_VALUES: dict[str, object] = {
-    "load-schedule": "const",
     "concurrency-schedule": "const",
     "async": False,
     "binary-file": "",
@@ -30,6 +31,7 @@ RUNNER_KEYS = frozenset(
     {"call", "host", "data", "data-file", "metadata", "metadata-file", "insecure", "total"}
     | {"concurrency", "rps", "duration", "max-duration", "duration-stop", "timeout"}
     | {"connections", "skipFirst", "name", "tags", "cacert", "cert", "key", "cname", "skipTLS"}
+    | {"load-schedule"}
 )
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _GO_UNIT_SECONDS = {
@@ -98,6 +100,7 @@ class LoadConfig:
     total: int = 200
     concurrency: int = 50
     rps: float = 0.0
+    load_schedule: LoadSchedule = LoadSchedule.CONST
     duration_s: float = 0.0
     max_duration_s: float = 0.0
     duration_stop: DurationStop = DurationStop.CLOSE
@@ -162,6 +165,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> LoadConfig:
         total=_count(raw, "total", 200),
         concurrency=_count(raw, "concurrency", 50),
         rps=float(_count(raw, "rps", 0)),
+        load_schedule=_load_schedule(raw),
         duration_s=parse_go_duration(raw.get("duration", "0"), "duration"),
         max_duration_s=parse_go_duration(raw.get("max-duration", "0"), "max-duration"),
         duration_stop=_duration_stop(raw),
@@ -214,6 +218,14 @@ def _duration_stop(raw: Mapping[str, Any]) -> DurationStop:
     return (
         DurationStop(text) if text in {stop.value for stop in DurationStop} else DurationStop.CLOSE
     )
+
+
+def _load_schedule(raw: Mapping[str, Any]) -> LoadSchedule:
+    """ghz's "const" (its step and line schedules are not reproduced) or pdserve's "poisson"."""
+    text = _string(raw, "load-schedule", "const")
+    if text not in {schedule.value for schedule in LoadSchedule}:
+        raise LoadConfigError(f'load-schedule: "const" or "poisson", got {text!r}')
+    return LoadSchedule(text)
 
 
 def _tls(raw: Mapping[str, Any]) -> TlsConfig:

@@ -1,6 +1,7 @@
 """Drives a ghz-style load: `concurrency` workers share request numbers and, under `rps`, a
-schedule of start times (ghz's const load schedule: a busy worker delays its slot, it never
-drops it). The run ends when `total` calls are done, or at `duration` / `max-duration`.
+schedule of start times (ghz's const load schedule, or Poisson arrivals: a busy worker delays its
+slot, it never drops it). The run ends when `total` calls are done, or at `duration` /
+`max-duration`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pdserve.loadtest.calldata import RequestMessage, build_messages
 from pdserve.loadtest.calls import CallResult, CallSettings, error_result, make_call
 from pdserve.loadtest.config import DurationStop, LoadConfig
 from pdserve.loadtest.progress import Progress
+from pdserve.loadtest.schedule import ArrivalSchedule
 
 
 class EndReason(Enum):
@@ -44,9 +46,9 @@ class RunOutcome:
 class _Slots:
     """Hands out request numbers in order; under a rate, number i may start at i / rps."""
 
-    def __init__(self, limit: int | None, rps: float) -> None:
+    def __init__(self, limit: int | None, schedule: ArrivalSchedule) -> None:
         self._limit = limit
-        self._rps = rps
+        self._schedule = schedule
         self._next = 0
         self._origin = time.perf_counter()
         self._closed = asyncio.Event()
@@ -66,8 +68,9 @@ class _Slots:
         return number
 
     async def wait_for_turn(self, number: int) -> None:
-        if self._rps > 0:
-            delay = max(0.0, self._origin + number / self._rps - time.perf_counter())
+        offset = self._schedule.offset(number)
+        if offset is not None:
+            delay = max(0.0, self._origin + offset - time.perf_counter())
             # Not a plain sleep: at the end of a `duration` run the slots close, and a worker
             # waiting for a turn far in the future must not hold the run open until then.
             with contextlib.suppress(TimeoutError):
@@ -139,7 +142,8 @@ async def drive(config: LoadConfig, progress: Progress | None = None) -> RunOutc
     messages = build_messages(config.method, config.data)
     clients = [GenerationClient(open_channel(config)) for _ in range(config.connections)]
     limit = None if config.duration_s > 0 else config.total
-    run = _Run(config, messages, clients, _Slots(limit, config.rps), progress or Progress(None), [])
+    slots = _Slots(limit, ArrivalSchedule(config.rps, config.load_schedule))
+    run = _Run(config, messages, clients, slots, progress or Progress(None), [])
     started_at, started_ns = time.time(), time.perf_counter_ns()
     try:
         end_reason = await _run_until_done(run)

@@ -70,7 +70,7 @@ def _options(config: LoadConfig) -> dict[str, Any]:
         "host": config.host,
         "insecure": config.insecure,
         "rps": config.rps,
-        "load-schedule": "const",
+        "load-schedule": config.load_schedule.value,
         "concurrency": config.concurrency,
         "concurrency-schedule": "const",
         "total": config.total,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from typing import Any, TypeAlias
 
 import grpc
@@ -30,14 +30,12 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             destination = descriptor_from_proto(request.destination)
             engine = self.runtime.engine(PrefillEngine)
             prompt = list(request.prompt_token_ids)
+            # The caller going away (cancel, deadline) frees this tier's blocks.
+            abort = functools.partial(engine.abort, request.request_id)
             pending = await self.runtime.call(
-                lambda: engine.submit(request.request_id, prompt, params, destination)
+                lambda: engine.submit(request.request_id, prompt, params, destination), undo=abort
             )
-            try:
-                outcome = await asyncio.wrap_future(pending)
-            finally:
-                if not pending.done():  # the caller went away: free this tier's blocks
-                    self.runtime.abort_soon(lambda: engine.abort(request.request_id))
+            outcome = await self.runtime.wait(pending, undo=abort)
             metrics.QUEUE_TIME.observe(outcome.queue_seconds)
             metrics.PREFILL_TIME.observe(outcome.prefill_seconds)
             metrics.TRANSFER_TIME.observe(outcome.transfer_seconds)

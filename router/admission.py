@@ -17,9 +17,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import grpc
 
 from pdserve.router import metrics
-from pdserve.router.clock import RequestClock
+from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RouterConfig
-from pdserve.router.dispatch import Deadline, Dispatcher
+from pdserve.router.dispatch import Dispatcher
 from pdserve.router.errors import RouterError
 from pdserve.router.validation import RequestValidator, ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, generation_pb2

@@ -5,8 +5,31 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import grpc
+
 from pdserve.router import metrics
+from pdserve.router.errors import RouterError
 from pdserve.v1 import common_pb2, prefill_pb2
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The client's deadline as a time.monotonic() instant; None when the client set none."""
+
+    at: float | None
+
+    @classmethod
+    def after(cls, seconds: float | None) -> Deadline:
+        return cls(None if seconds is None else time.monotonic() + seconds)
+
+    def remaining(self) -> float | None:
+        """Seconds left, for a downstream timeout; DEADLINE_EXCEEDED once none are."""
+        if self.at is None:
+            return None
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise RouterError(grpc.StatusCode.DEADLINE_EXCEEDED, "router: deadline exceeded")
+        return left
 
 
 @dataclass

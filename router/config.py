@@ -25,14 +25,30 @@ class RouterConfig:
     load_timeout_seconds: float = 1.0
     # Best-effort Decode.Abort after a cancel, deadline or failure must not hold anything up.
     abort_timeout_seconds: float = 1.0
+    # Decode.Abort is retried (each try with twice the time) until it answers or this many fail.
+    abort_attempts: int = 5
     max_stop_strings: int = 16
     # Reported by Info until a decode worker's reservation tells the real one.
     block_size: int = 16
+    # Prompts shorter than this many tokens are prefilled on their decode worker (placement.py);
+    # 0 = always on the prefill tier (when it has a healthy worker).
+    disagg_threshold: int = 0
+    # Prefill calls in flight per healthy prefill worker at which the tier counts as saturated
+    # and long prompts too are prefilled locally (with a threshold > 0); 0 = never saturated.
+    max_prefill_queue: int = 4
+    # Times one request may move to another decode worker after losing its own.
+    max_migrations: int = 3
     # The OpenAI-compatible HTTP door (router/http/); 0 turns it off.
     http_port: int = 8000
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_attempts", "max_stop_strings", "block_size"):
+        for name in (
+            "max_queue",
+            "max_attempts",
+            "abort_attempts",
+            "max_stop_strings",
+            "block_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_flag(name)}: must be >= 1, got {getattr(self, name)}")
         for name in (
@@ -43,6 +59,9 @@ class RouterConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{_flag(name)}: must be > 0, got {getattr(self, name)}")
+        for name in ("disagg_threshold", "max_prefill_queue", "max_migrations"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{_flag(name)}: must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.http_port <= 65535:
             raise ValueError(f"--http-port: must be in [0, 65535], got {self.http_port}")
 

@@ -44,7 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("router")
     defaults = RouterConfig(prefill_targets="", decode_targets="")
     targets_help = "workers: host:port,... or dns:///NAME:PORT (one worker per A/AAAA record)"
-    add_flag(group, "--prefill", str, "127.0.0.1:50061", f"prefill {targets_help}")
+    add_flag(
+        group,
+        "--prefill",
+        str,
+        "127.0.0.1:50061",
+        f'prefill {targets_help}; "" for none (every prompt prefilled on decode: colocated)',
+    )
     add_flag(group, "--decode", str, "127.0.0.1:50071", f"decode {targets_help}")
     add_flag(
         group,
@@ -76,6 +82,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         group,
+        "--abort-timeout-seconds",
+        float,
+        defaults.abort_timeout_seconds,
+        "first Decode.Abort try's timeout after a cancel or failure (retries double it)",
+    )
+    add_flag(
+        group,
+        "--disagg-threshold",
+        int,
+        defaults.disagg_threshold,
+        "prompts shorter than this many tokens are prefilled on their decode worker; "
+        "0 = always on the prefill tier; huge = colocated (docs/disaggregation.md)",
+    )
+    add_flag(
+        group,
+        "--max-prefill-queue",
+        int,
+        defaults.max_prefill_queue,
+        "prefill calls in flight per prefill worker at which long prompts too are prefilled "
+        "on decode (with --disagg-threshold > 0); 0 = never",
+    )
+    add_flag(
+        group,
+        "--max-migrations",
+        int,
+        defaults.max_migrations,
+        "times a request may move to another decode worker after losing its own",
+    )
+    add_flag(
+        group,
         "--http-port",
         int,
         defaults.http_port,
@@ -91,9 +127,13 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_queue=args.max_queue,
         max_attempts=args.max_attempts,
         load_poll_interval_seconds=args.load_poll_interval_seconds,
+        abort_timeout_seconds=args.abort_timeout_seconds,
+        disagg_threshold=args.disagg_threshold,
+        max_prefill_queue=args.max_prefill_queue,
+        max_migrations=args.max_migrations,
         http_port=args.http_port,
     )
-    parse_targets("--prefill", config.prefill_targets)  # fail at start-up, not later
+    parse_targets("--prefill", config.prefill_targets, allow_empty=True)  # fail at start-up
     parse_targets("--decode", config.decode_targets)
     return config
 

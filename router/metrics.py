@@ -56,3 +56,15 @@ WORKERS = Gauge(
     "Workers per tier: known (from flags or DNS) and healthy (answered the last Load poll)",
     ["tier", "state"],
 )
+PREFILL_PLACEMENTS = Counter(
+    "pdserve_router_prefill_placements",
+    "Where prompts were prefilled (local: on their decode worker; remote: on the prefill tier), "
+    "and why (router/placement.py)",
+    ["place", "reason"],
+)
+MIGRATIONS = Counter(
+    "pdserve_router_migrations",
+    "Requests whose decode worker was lost mid-request: moved to another (migrated) or ended "
+    "UNAVAILABLE because none could take them (failed)",
+    ["outcome"],
+)

@@ -1,9 +1,11 @@
 """The workers of each tier: one grpc.aio channel each, their health and their last load.
 
 A worker enters from the flags or a DNS answer and answers `Load` every
---load-poll-interval-seconds; one that fails a poll is unhealthy (never picked) until it answers
-again. A worker that leaves the DNS answer is no longer picked and its channel is closed once its
-in-flight calls have ended, so a scale-down never cuts a running request.
+--load-poll-interval-seconds; one that fails a poll is unhealthy (not picked) until it answers
+again, except that a worker unhealthy only for answering late (busy, not dead) is still picked
+when no healthy one is left. A worker that leaves the DNS answer is no longer picked and its
+channel is closed once its in-flight calls have ended, so a scale-down never cuts a running
+request.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class Worker(Generic[StubT]):
     in_flight: int = 0
     dispatched_since_poll: int = 0
     failed_polls: int = 0  # in a row
+    # Unhealthy only because its Load answers came late (a busy worker, not a dead one).
+    slow: bool = False
     removed: bool = False
 
     def load(self) -> WorkerLoad:
@@ -102,7 +106,9 @@ class WorkerPool(Generic[StubT]):
 
     def pick(self, avoid: Collection[str] = ()) -> Worker[StubT]:
         """The least-loaded healthy worker, preferring those not in `avoid` (already tried)."""
-        usable = [w for w in self.workers.values() if w.healthy and not w.removed]
+        live = [w for w in self.workers.values() if not w.removed]
+        # Only slow ones left: a busy worker serves late, which beats refusing the request.
+        usable = [w for w in live if w.healthy] or [w for w in live if w.slow]
         fresh = [w for w in usable if w.address not in avoid]
         candidates = sorted(fresh or usable, key=lambda worker: worker.address)
         if not candidates:
@@ -126,8 +132,12 @@ class WorkerPool(Generic[StubT]):
 
     def mark_unhealthy(self, worker: Worker[StubT]) -> None:
         """After a connection failure: skip it until its next successful Load."""
-        worker.healthy = False
+        worker.healthy, worker.slow = False, False
         self._update_gauges()
+
+    def in_flight(self) -> int:
+        """Calls this router has in flight on the tier's healthy workers."""
+        return sum(w.in_flight for w in self.workers.values() if w.healthy and not w.removed)
 
     def healthy_count(self) -> int:
         return sum(1 for w in self.workers.values() if w.healthy and not w.removed)
@@ -154,10 +164,12 @@ class WorkerPool(Generic[StubT]):
             if worker.healthy and (dead or worker.failed_polls >= FAILED_POLLS_TO_UNHEALTHY):
                 log.warning("%s worker %s unhealthy: %s", self.tier.value, worker.address, error)
                 worker.healthy = False
+            worker.slow = not dead and not worker.healthy
             return
         if not worker.healthy:
             log.info("%s worker %s healthy", self.tier.value, worker.address)
         worker.report, worker.healthy, worker.dispatched_since_poll = report, True, 0
+        worker.slow = False
         worker.failed_polls = 0
 
     def _close_if_idle(self, worker: Worker[StubT]) -> None:
@@ -199,7 +211,7 @@ class Registry:
             Tier.DECODE, _decode_stub, config.load_timeout_seconds
         )
         self._targets = {
-            Tier.PREFILL: parse_targets("--prefill", config.prefill_targets),
+            Tier.PREFILL: parse_targets("--prefill", config.prefill_targets, allow_empty=True),
             Tier.DECODE: parse_targets("--decode", config.decode_targets),
         }
         self._resolver = resolver
@@ -243,8 +255,11 @@ class Registry:
         await asyncio.gather(self.prefill.poll(), self.decode.poll())
 
     def ready(self) -> bool:
-        """At least one healthy worker in each tier."""
-        return self.prefill.healthy_count() > 0 and self.decode.healthy_count() > 0
+        """At least one healthy worker in each tier (none needed in a prefill tier configured
+        empty: every prompt is then prefilled on decode)."""
+        no_prefill_tier = self._targets[Tier.PREFILL] == StaticTargets(addresses=())
+        prefill_ok = no_prefill_tier or self.prefill.healthy_count() > 0
+        return prefill_ok and self.decode.healthy_count() > 0
 
     async def close(self) -> None:
         for task in self._tasks:

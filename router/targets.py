@@ -33,9 +33,12 @@ class DnsTargets:
 Targets = StaticTargets | DnsTargets
 
 
-def parse_targets(flag: str, spec: str) -> Targets:
-    """`host:port,...` or `dns:///NAME:PORT`; a ValueError names `flag` when it is neither."""
+def parse_targets(flag: str, spec: str, allow_empty: bool = False) -> Targets:
+    """`host:port,...` or `dns:///NAME:PORT` (or "" when `allow_empty`: no workers); a
+    ValueError names `flag` when it is neither."""
     spec = spec.strip()
+    if allow_empty and not spec:
+        return StaticTargets(addresses=())
     if spec.startswith(DNS_SCHEME):
         host, port = _split_host_port(flag, spec.removeprefix(DNS_SCHEME))
         return DnsTargets(host=host, port=port)

@@ -38,6 +38,8 @@ class Knobs:
     load: common_pb2.LoadResponse = field(default_factory=common_pb2.LoadResponse)
     load_fails: bool = False  # Load answers UNAVAILABLE, as a dead process does
     load_delay_seconds: float = 0.0  # Load answers this late, as a busy process may
+    # A decode stream breaks (UNAVAILABLE, as from a killed process) after this many tokens.
+    lost_after_tokens: int | None = None
 
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
@@ -80,6 +82,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
         self.knobs = Knobs()
         self.reservations: dict[str, Reservation] = {}
         self.reserves: list[decode_pb2.ReserveRequest] = []
+        self.local_requests: list[decode_pb2.GenerateLocalRequest] = []
         self.aborts: list[str] = []
         self.cancelled: list[str] = []
 
@@ -110,7 +113,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
             await context.abort(grpc.StatusCode.NOT_FOUND, "request_id: no such reservation")
             return
         try:
-            async for delta in self._deltas(request, reservation):
+            async for delta in self._deltas(request, reservation, context):
                 yield delta
         except asyncio.CancelledError:
             self.cancelled.append(request.request_id)
@@ -119,11 +122,13 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
             self.reservations.pop(request.request_id, None)
 
     async def _deltas(
-        self, request: decode_pb2.DecodeRequest, reservation: Reservation
+        self, request: decode_pb2.DecodeRequest, reservation: Reservation, context: Context
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         max_tokens = reservation.request.sampling.max_tokens or 16
         tokens = [request.first_token_id, *range(1, max_tokens)]
         for index, token in enumerate(tokens):
+            if index == self.knobs.lost_after_tokens:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "fake: Stream removed")
             if index > 0 and self.knobs.delay_seconds:
                 await asyncio.sleep(self.knobs.delay_seconds)
             last = index == len(tokens) - 1
@@ -136,6 +141,25 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
                 delta.usage.completion_tokens = len(tokens)
                 delta.timings.decode_seconds = 0.004
             yield delta
+
+    async def GenerateLocal(
+        self, request: decode_pb2.GenerateLocalRequest, context: Context
+    ) -> AsyncIterator[decode_pb2.TokenDelta]:
+        """Prefills here: as Generate, with a first token of 0 (no prefill worker sampled it)."""
+        self.local_requests.append(request)
+        await _fail_or_wait(self.knobs, context, self.cancelled, request.request_id)
+        reserve = decode_pb2.ReserveRequest(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=request.sampling,
+        )
+        start = decode_pb2.DecodeRequest(request_id=request.request_id, first_token_id=0)
+        try:
+            async for delta in self._deltas(start, Reservation(b"", reserve), context):
+                yield delta
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
 
     async def Release(
         self, request: decode_pb2.ReleaseRequest, context: Context

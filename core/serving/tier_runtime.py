@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
@@ -55,9 +56,25 @@ class TierRuntime:
         loop = self.loop
         return loop is None or not loop.busy()
 
-    async def call(self, command: Callable[[], T]) -> T:
-        """Runs `command` on the engine thread and awaits its result."""
-        return await asyncio.wrap_future(self.engine_loop().call(command))
+    async def call(self, command: Callable[[], T], undo: Callable[[], None] | None = None) -> T:
+        """Runs `command` on the engine thread and awaits its result.
+
+        The command runs even if this caller is cancelled meanwhile (a cancelled or expired RPC
+        must not skip an abort, nor leave half-made state behind): `undo`, if given, is then
+        queued after it, on the same thread, so it sees what the command made."""
+        return await self.wait(self.engine_loop().call(command), undo)
+
+    async def wait(
+        self, future: concurrent.futures.Future[T], undo: Callable[[], None] | None
+    ) -> T:
+        """Awaits an engine-side future without ever cancelling it (the engine thread owns it:
+        cancelling it from here would race with the engine resolving it); `undo` on cancel."""
+        try:
+            return await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            if undo is not None:
+                self.abort_soon(undo)
+            raise
 
     def abort_soon(self, abort: Callable[[], None]) -> None:
         """Fire-and-forget cleanup (from finally blocks of cancelled calls)."""
@@ -84,7 +101,7 @@ class TierRuntime:
                 loop.unsubscribe(request_id)
                 raise
 
-        await asyncio.wrap_future(loop.call(subscribe_and_start))
+        await self.call(subscribe_and_start, undo=lambda: _abort_and_unsubscribe(loop, request_id))
         finished = False
         try:
             while not finished:

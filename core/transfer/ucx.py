@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import secrets
 import threading
 import time
@@ -108,6 +109,10 @@ class KVReceiver:
             request = self._runtime.worker.tag_recv(
                 Array(staging.raw.numpy()), ucx_api.UCXXTag(transfer_tag(token))
             )
+            # The request's Python future fails when the peer dies mid-transfer; `_land` reads
+            # that error from the request itself, so this only retrieves it (else asyncio logs
+            # "Future exception was never retrieved" for every failed transfer).
+            self._runtime.submit(_settle(request))
             self._incoming[request_id] = _Incoming(
                 descriptor, staging, request, time.perf_counter()
             )
@@ -275,6 +280,11 @@ class KVSender:
 async def _close_endpoint(endpoint: ucx_api.UCXEndpoint) -> None:
     endpoint.close_blocking(period=CLOSE_PERIOD_NS, max_attempts=1)
     endpoint.remove_close_callback()
+
+
+async def _settle(request: ucx_api.UCXRequest) -> None:
+    with contextlib.suppress(Exception):
+        await request.wait()
 
 
 def _consume_exception(future: asyncio.Future[None]) -> None:

@@ -25,8 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pdserve.router import metrics
 from pdserve.router.admission import Admission, is_finished, usage
-from pdserve.router.clock import RequestClock
-from pdserve.router.dispatch import Deadline
+from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.errors import to_status
 from pdserve.router.http.errors import api_error
 from pdserve.router.http.responses import Answer, Body, Endpoint, finish_reason

@@ -35,14 +35,22 @@ def _is_free(port: int) -> bool:
         return True
 
 
-def start_cluster(model_dir: Path, log_dir: Path, num_prefill: int, num_decode: int) -> Cluster:
+def start_cluster(
+    model_dir: Path,
+    log_dir: Path,
+    num_prefill: int,
+    num_decode: int,
+    router_args: tuple[str, ...] = (),
+    worker_args: tuple[str, ...] = WORKER_ARGS,
+) -> Cluster:
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=num_prefill,
         num_decode=num_decode,
         base_port=free_port_base(),
         metrics_base_port=free_port_base(),
-        worker_args=WORKER_ARGS,
+        worker_args=worker_args,
+        router_args=router_args,
         env=UCX_ENV,
         drain_grace_seconds=5.0,
     )

@@ -58,3 +58,14 @@ def metric(process: Process, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[1])
     raise KeyError(f"{name} not on {url}")
+
+
+def labelled_metric(process: Process, name: str, **labels: str) -> float:
+    """The value of one labelled sample (0 when the labels were never counted)."""
+    url = f"http://127.0.0.1:{process.metrics_port}/metrics"
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    with urllib.request.urlopen(url, timeout=5) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith(f"{name}{{{wanted}}} "):
+                return float(line.split()[1])
+    return 0.0

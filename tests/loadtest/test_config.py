@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from pdserve.loadtest.config import (
     load_config,
     parse_go_duration,
 )
+from pdserve.loadtest.schedule import ArrivalSchedule, LoadSchedule
 from pdserve.v1.generation_pb2 import GenerateRequest
 
 SHIPPED_CONFIGS = sorted((Path(__file__).parents[2] / "loadtest").glob("*.json"))
@@ -117,3 +119,19 @@ def test_shipped_configs_cover_both_calls_at_fixed_concurrency_and_rate() -> Non
     assert kinds == {
         (m, rated) for m in (Method.GENERATE, Method.GENERATE_STREAM) for rated in (0, 1)
     }
+
+
+def test_poisson_schedule_is_seeded_with_the_configured_mean_rate() -> None:
+    config = config_from_dict({**BASE, "rps": 4, "load-schedule": "poisson"})
+    assert config.load_schedule is LoadSchedule.POISSON
+    first, again = (
+        ArrivalSchedule(4.0, LoadSchedule.POISSON),
+        ArrivalSchedule(4.0, config.load_schedule),
+    )
+    offsets = [first.offset(i) or 0.0 for i in range(4000)]
+    assert offsets == [again.offset(i) for i in range(4000)]  # the same arrivals every run
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert 0.23 < sum(gaps) / len(gaps) < 0.27  # mean gap 1 / rps
+    assert min(gaps) < 0.02 and max(gaps) > 1.0  # bursts and lulls, unlike const
+    with pytest.raises(LoadConfigError, match="load-schedule"):
+        config_from_dict({**BASE, "load-schedule": "step"})

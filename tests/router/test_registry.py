@@ -202,9 +202,15 @@ def test_slow_load_answers_need_three_in_a_row_to_mark_unhealthy() -> None:
             assert registry.decode.healthy_count() == 1  # a busy moment is not a dead worker
             await registry.poll()
             assert registry.decode.healthy_count() == 0
+            # Slow, not dead: with no healthy worker left it still gets the work.
+            assert registry.decode.pick().address == tiers.decode_addresses[0]
             tiers.decode[0].knobs.load_delay_seconds = 0.0
             await registry.poll()
             assert registry.decode.healthy_count() == 1
+            tiers.decode[0].knobs.load_fails = True  # refused: dead, never picked
+            await registry.poll()
+            with pytest.raises(NoHealthyWorkerError):
+                registry.decode.pick()
             await registry.close()
 
     asyncio.run(body())

@@ -38,7 +38,9 @@ class PeerError(Exception):
 class Peer:
     """One peer process and the pipe that drives it; `stop()` always reaps the process."""
 
-    def __init__(self, role: str, tls: str) -> None:
+    def __init__(
+        self, role: str, tls: str, layout: KVLayout = LAYOUT, num_blocks: int = NUM_BLOCKS
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         env = {
@@ -47,7 +49,7 @@ class Peer:
             "UCXPY_ENABLE_PYTHON_FUTURE": "1",
             "UCX_WARN_UNUSED_ENV_VARS": "n",
         }
-        args = (child, role, env, LAYOUT, NUM_BLOCKS, SEND_TIMEOUT_S)
+        args = (child, role, env, layout, num_blocks, SEND_TIMEOUT_S)
         self.process = context.Process(target=run_peer, args=args, daemon=True)
         self.process.start()
         child.close()
@@ -133,7 +135,22 @@ def _send(peer: Any, cache: Any, descriptor: Any, src: list[int], num_tokens: in
     return peer.send(descriptor, cache, src, num_tokens).result()
 
 
+def _send_and_die(peer: Any, cache: Any, descriptor: Any, src: list[int], after_s: float) -> None:
+    """Posts the send, then dies mid-transfer as a SIGKILLed prefill worker would."""
+    peer.send(descriptor, cache, src, len(src) * descriptor.layout.block_size)
+    time.sleep(after_s)
+    os._exit(1)
+
+
+def _collect_garbage(peer: Any, cache: Any) -> int:
+    import gc
+
+    return gc.collect()
+
+
 _COMMANDS: dict[str, Any] = {
+    "send_and_die": _send_and_die,
+    "gc": _collect_garbage,
     "expect": lambda peer, cache, *a: peer.expect(*a),
     "poll": lambda peer, cache, rid: peer.poll(rid).value,
     "wait": _wait,

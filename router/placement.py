@@ -1,0 +1,60 @@
+"""Where a request's prompt is prefilled: on the prefill tier (disaggregated) or on the decode
+worker that will generate it (colocated), decided per request, as Dynamo's and llm-d's routers do.
+
+    no healthy prefill worker              -> local  (nothing else can serve it)
+    --disagg-threshold 0                   -> remote (always disaggregated)
+    prompt shorter than the threshold      -> local  (its prefill is cheaper than the hand-off,
+                                                      and stalls decode's batch only briefly)
+    prefill tier saturated                 -> local  (waiting there would cost more TTFT)
+    otherwise                              -> remote
+
+A huge threshold makes every prompt local: a colocated deployment with the same binaries.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class PrefillPlace(enum.Enum):
+    LOCAL = "local"  # the decode worker prefills it (Decode.GenerateLocal)
+    REMOTE = "remote"  # the prefill tier prefills it and ships the KV over UCX
+
+
+class PlacementReason(enum.Enum):
+    NO_PREFILL_WORKER = "no_prefill_worker"
+    ALWAYS_REMOTE = "always_remote"
+    SHORT_PROMPT = "short_prompt"
+    PREFILL_SATURATED = "prefill_saturated"
+    LONG_PROMPT = "long_prompt"
+
+
+@dataclass(frozen=True)
+class Placement:
+    place: PrefillPlace
+    reason: PlacementReason
+
+
+@dataclass(frozen=True)
+class PrefillTierState:
+    """What the router knows of the prefill tier at the moment of the decision."""
+
+    healthy_workers: int
+    in_flight: int  # Prefill calls this router has sent and not seen answered
+
+
+def place_prefill(
+    prompt_tokens: int, threshold: int, max_queue_per_worker: int, tier: PrefillTierState
+) -> Placement:
+    """The rule in the module docstring; `max_queue_per_worker` 0 means never saturated."""
+    if tier.healthy_workers == 0:
+        return Placement(PrefillPlace.LOCAL, PlacementReason.NO_PREFILL_WORKER)
+    if threshold == 0:
+        return Placement(PrefillPlace.REMOTE, PlacementReason.ALWAYS_REMOTE)
+    if prompt_tokens < threshold:
+        return Placement(PrefillPlace.LOCAL, PlacementReason.SHORT_PROMPT)
+    saturated_at = max_queue_per_worker * tier.healthy_workers
+    if max_queue_per_worker and tier.in_flight >= saturated_at:
+        return Placement(PrefillPlace.LOCAL, PlacementReason.PREFILL_SATURATED)
+    return Placement(PrefillPlace.REMOTE, PlacementReason.LONG_PROMPT)

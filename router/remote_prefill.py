@@ -1,0 +1,173 @@
+"""The disaggregated hand-off: Reserve on decode, then Prefill on the prefill tier.
+
+    pick decode -> Reserve ──fail(UNAVAILABLE | RESOURCE_EXHAUSTED)──> retry on another decode
+                     │
+    pick prefill -> Prefill ──fail(UNAVAILABLE | INTERNAL)──> Abort reservation, retry all
+                     │                                        (prefer untried workers)
+    hand-off: the prompt KV is in the decode worker's reserved blocks
+
+Every call gets the time left before the client's deadline as its timeout. A failure or cancel
+after Reserve aborts the reservation in the background (`Aborts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+
+from pdserve.router import metrics
+from pdserve.router.aborts import Aborts
+from pdserve.router.clock import Deadline, RequestClock
+from pdserve.router.config import RouterConfig, Tier
+from pdserve.router.registry import Registry, Worker
+from pdserve.router.validation import ValidatedRequest
+from pdserve.v1 import common_pb2, decode_pb2, prefill_pb2
+
+if TYPE_CHECKING:
+    from pdserve.v1.decode_pb2_grpc import DecodeAsyncStub
+
+log = logging.getLogger(__name__)
+
+_RETRY_RESERVE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# Failures before hand-off that another prefill worker may not repeat (a dead process gives
+# UNAVAILABLE to its in-flight calls).
+_RETRY_PREFILL = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL})
+
+
+class RetryableError(Exception):
+    def __init__(self, tier: Tier, cause: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"{tier.value}: {cause.code().name}: {cause.details()}")
+        self.tier = tier
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A request whose prompt KV sits in `decode`'s reserved blocks, ready for Generate. The
+    caller owns one `hold` on `decode` and releases it when the request ends."""
+
+    decode: Worker[DecodeAsyncStub]
+    transfer_token: bytes
+    first_token_id: int
+
+
+class RemotePrefill:
+    def __init__(self, registry: Registry, config: RouterConfig, aborts: Aborts) -> None:
+        self.registry = registry
+        self.config = config
+        self.aborts = aborts
+        # The decode workers' KV block size, learned from their reservations (for Info).
+        self.block_size = config.block_size
+
+    async def handoff(
+        self,
+        request: ValidatedRequest,
+        deadline: Deadline,
+        clock: RequestClock,
+        avoid_decode: Collection[str] = (),
+    ) -> Handoff:
+        """Reserve + Prefill with retries; `avoid_decode` are workers not to reserve on (lost)."""
+        tried_decode: set[str] = set(avoid_decode)
+        tried_prefill: set[str] = set()
+        for attempt in range(1, self.config.max_attempts + 1):
+            try:
+                return await self._attempt(request, deadline, clock, tried_decode, tried_prefill)
+            except RetryableError as failure:
+                if attempt == self.config.max_attempts:
+                    raise failure.cause from None
+                metrics.RETRIES.labels(failure.tier.value).inc()
+                log.warning("request %s: retrying after %s", request.request_id, failure)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _attempt(
+        self,
+        request: ValidatedRequest,
+        deadline: Deadline,
+        clock: RequestClock,
+        tried_decode: set[str],
+        tried_prefill: set[str],
+    ) -> Handoff:
+        pool = self.registry.decode
+        decode = pool.pick(avoid=tried_decode)
+        tried_decode.add(decode.address)
+        pool.acquire(decode)
+        handed_off = False
+        try:
+            descriptor = await self._reserve(decode, request, deadline, tried_decode)
+            self.block_size = descriptor.layout.block_size or self.block_size
+            try:
+                result = await self._prefill(request, descriptor, deadline, clock, tried_prefill)
+            except BaseException:
+                self.aborts.later(decode, request.request_id)
+                raise
+            handed_off = True
+            return Handoff(decode, descriptor.transfer_token, result.first_token_id)
+        finally:
+            if not handed_off:
+                pool.release(decode)
+
+    async def _reserve(
+        self,
+        decode: Worker[DecodeAsyncStub],
+        request: ValidatedRequest,
+        deadline: Deadline,
+        tried: Collection[str],
+    ) -> common_pb2.TransferDescriptor:
+        message = decode_pb2.ReserveRequest(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=request.sampling,
+            priority=request.priority,
+        )
+        await self.aborts.settled(decode.address, request.request_id)
+        try:
+            descriptor: common_pb2.TransferDescriptor = await decode.stub.Reserve(
+                message, timeout=deadline.remaining()
+            )
+            return descriptor
+        except grpc.aio.AioRpcError as error:
+            pool = self.registry.decode
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                pool.mark_unhealthy(decode)
+            if error.code() in _RETRY_RESERVE and pool.has_untried(tried):
+                raise RetryableError(Tier.DECODE, error) from error
+            raise
+
+    async def _prefill(
+        self,
+        request: ValidatedRequest,
+        destination: common_pb2.TransferDescriptor,
+        deadline: Deadline,
+        clock: RequestClock,
+        tried: set[str],
+    ) -> prefill_pb2.PrefillResult:
+        pool = self.registry.prefill
+        worker = pool.pick(avoid=tried)
+        tried.add(worker.address)
+        message = prefill_pb2.PrefillRequest(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling=request.sampling,
+            priority=request.priority,
+            destination=destination,
+        )
+        pool.acquire(worker)
+        try:
+            clock.on_prefill_sent()
+            result: prefill_pb2.PrefillResult = await worker.stub.Prefill(
+                message, timeout=deadline.remaining()
+            )
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                pool.mark_unhealthy(worker)
+            if error.code() in _RETRY_PREFILL and pool.healthy_count() > 0:
+                raise RetryableError(Tier.PREFILL, error) from error
+            raise
+        finally:
+            pool.release(worker)
+        clock.on_prefill_done(result.timings)
+        return result
