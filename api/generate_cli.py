@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -12,11 +13,24 @@ from pdserve.client import DEFAULT_TARGET, GenerationClient, SamplingParams, bui
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", help="the prompt text")
+    parser.add_argument("prompt", help="the prompt text (with --chat: the user's message)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a user message through the model's chat template",
+    )
     parser.add_argument("--address", default=DEFAULT_TARGET, help="router host:port")
     parser.add_argument("--stream", action="store_true", help="print tokens as they come")
     parser.add_argument("--local", action="store_true", help="run the engine in this process")
-    parser.add_argument("--model", default=None, help="with --local: a local HF model folder")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="local HF model folder (--local runs it, --chat uses its "
+        "chat template; default: the embedded SmolLM2)",
+    )
+    parser.add_argument(
+        "--model-cache", type=Path, default=None, help="where the default is prepared"
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -28,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.chat:
+        args.prompt = _chat_prompt(args)
     if args.local:
         return _run_local(args)
     try:
@@ -57,6 +73,18 @@ async def _run_remote(args: argparse.Namespace) -> None:
         else:
             reply = await client.generate(request, timeout=args.timeout)
             print(reply.text)
+
+
+def _chat_prompt(args: argparse.Namespace) -> str:
+    """The prompt as the model's chat template renders one user turn (as /v1/chat/completions
+    does): the tokenizer comes from the model folder, the same one the router loads."""
+    from transformers import AutoTokenizer
+
+    from pdserve.core.chat import ChatMessage, chat_prompt
+    from pdserve.core.model.source import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(args.model, args.model_cache)))
+    return chat_prompt(tokenizer, [ChatMessage("user", args.prompt)])
 
 
 def _run_local(args: argparse.Namespace) -> int:

@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", type=int, default=1, help="decode workers")
     parser.add_argument("--port", type=int, default=50051, help="router port; workers follow it")
     parser.add_argument("--metrics-port", type=int, default=9100, help="router metrics port")
+    parser.add_argument(
+        "--http-port", type=int, default=8000, help="router OpenAI HTTP port (0 = off)"
+    )
     add_flag(parser, "--log-dir", Path, None, "write each process's log here (default: discard)")
     add_flag(
         parser,
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_base_port=args.metrics_port,
         worker_args=worker_args,
         router_args=("--disagg-threshold", str(args.disagg_threshold)),
+        http_port=args.http_port,
     )
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -59,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"ready: pdserve.v1.Generation on {cluster.router.address} (Ctrl-C stops)", flush=True
         )
-        print('try:   pdserve generate --stream "Tell me about Paris"', flush=True)
+        if args.http_port:
+            print(f"       OpenAI HTTP API on {cluster.http_url}/v1", flush=True)
+        print('try:   pdserve generate --stream --chat "Tell me about Paris"', flush=True)
         while not stop.wait(0.5):
             dead = [p for p in cluster.processes if p.popen.poll() is not None]
             if dead:

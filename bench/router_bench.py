@@ -92,7 +92,7 @@ def _start_router(
         str(port),
     ]
     command += ["--metrics-port", str(_free_port()), "--prefill", prefill, "--decode", decode]
-    command += ["--max-queue", "64", *(["--model", model] if model else [])]
+    command += ["--max-queue", "64", "--http-port", "0", *(["--model", model] if model else [])]
     return subprocess.Popen(
         command, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     ), f"127.0.0.1:{port}"

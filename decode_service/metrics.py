@@ -39,6 +39,9 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     Gauge("pdserve_decode_running_requests", "Decoding (running or swapped)").set_function(
         lambda: engine.load()[1]
     )
+    Gauge("pdserve_decode_swapped_requests", "Swapped out to the CPU pool").set_function(
+        lambda: len(engine.scheduler.swapped)
+    )
     Gauge("pdserve_decode_kv_usage", "Share of KV blocks in use (0..1)").set_function(
         lambda: pool.num_used / max(pool.num_blocks, 1)
     )

@@ -65,6 +65,8 @@ class RouterConfig:
     # The router's channels to the workers: TLS/mTLS settings (None: plaintext), message bound.
     worker_tls: ChannelTls | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # The OpenAI-compatible HTTP door (router/http/); 0 turns it off.
+    http_port: int = 8000
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_attempts", "abort_attempts", "block_size"):
@@ -81,6 +83,8 @@ class RouterConfig:
         for name in ("disagg_threshold", "max_prefill_queue", "max_migrations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{_flag(name)}: must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.http_port <= 65535:
+            raise ValueError(f"--http-port: must be in [0, 65535], got {self.http_port}")
 
 
 def _flag(field: str) -> str:

@@ -23,8 +23,10 @@ from pdserve.core.serving.cli_config import (
 )
 from pdserve.core.serving.server import ServerConfig, ServiceHost
 from pdserve.core.serving.tls import ChannelTls
+from pdserve.router.admission import Admission
 from pdserve.router.config import RequestCaps, RouterConfig
 from pdserve.router.dispatch import Dispatcher
+from pdserve.router.http.app import HttpDoor, build_app
 from pdserve.router.registry import Registry
 from pdserve.router.servicer import SERVICE_NAME, RouterServicer
 from pdserve.router.targets import Resolver, parse_targets, resolve_dns
@@ -109,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         defaults.max_migrations,
         "times a request may move to another decode worker after losing its own",
     )
+    add_flag(
+        group,
+        "--http-port",
+        int,
+        defaults.http_port,
+        "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions); 0 = off",
+    )
     _add_cap_arguments(parser)
     _add_worker_tls_arguments(parser)
 
@@ -174,6 +183,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         ),
         worker_tls=_worker_tls_from_args(args),
         max_message_bytes=args.max_message_bytes,
+        http_port=args.http_port,
     )
     parse_targets("--prefill", config.prefill_targets, allow_empty=True)  # fail at start-up
     parse_targets("--decode", config.decode_targets)
@@ -194,7 +204,8 @@ class Router:
     host: ServiceHost
     registry: Registry
     dispatcher: Dispatcher
-    servicer: RouterServicer
+    admission: Admission
+    http: HttpDoor | None  # None with --http-port 0
 
 
 def build_router(
@@ -203,19 +214,31 @@ def build_router(
     host = ServiceHost(server, SERVICE_NAME, [SERVICE_NAME])
     registry = Registry(config, resolver)
     dispatcher = Dispatcher(registry, config)
-    servicer = RouterServicer(dispatcher, config)
-    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, host.server)
-    return Router(config, host, registry, dispatcher, servicer)
+    admission = Admission(dispatcher, config)
+    generation_pb2_grpc.add_GenerationServicer_to_server(RouterServicer(admission), host.server)
+    http = None
+    if config.http_port != 0:
+
+        def ready() -> bool:
+            return admission.validator is not None and registry.ready() and not host.draining
+
+        app = build_app(admission, ready)
+        http = HttpDoor(app, server.host, config.http_port, server.drain_grace_seconds)
+    return Router(config, host, registry, dispatcher, admission, http)
 
 
 async def serve(router: Router, source: ModelSource) -> None:
     """Serves until SIGTERM/SIGINT (or `router.host.request_stop()`), then drains."""
     await router.host.start()
+    if router.http is not None:
+        router.http.start()
     start_up = asyncio.create_task(_become_ready(router, source))
     try:
         await router.host.serve_until_signal()
     finally:
         start_up.cancel()
+        if router.http is not None:
+            await router.http.stop()
         await router.dispatcher.wait_aborts()
         await router.registry.close()
     if start_up.done() and not start_up.cancelled():
@@ -228,7 +251,7 @@ async def _become_ready(router: Router, source: ModelSource) -> None:
     try:
         await router.registry.start()
         model_dir = await asyncio.to_thread(resolve_model, source.model, source.cache_dir)
-        router.servicer.validator = await asyncio.to_thread(
+        router.admission.validator = await asyncio.to_thread(
             load_validator, model_dir, router.config.caps
         )
         while not router.registry.ready():

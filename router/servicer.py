@@ -16,9 +16,9 @@ from typing import Any, TypeAlias
 import grpc
 
 from pdserve.router import metrics
+from pdserve.router.admission import Admission, is_finished, usage
 from pdserve.router.clock import RequestClock
-from pdserve.router.config import RouterConfig
-from pdserve.router.dispatch import Deadline, Dispatcher
+from pdserve.router.dispatch import Deadline
 from pdserve.router.errors import RouterError, to_status
 from pdserve.router.samples import (
     clocks_for,
@@ -27,12 +27,11 @@ from pdserve.router.samples import (
     merge_responses,
     sample_requests,
 )
-from pdserve.router.validation import RequestValidator, ValidatedRequest
-from pdserve.v1 import common_pb2, decode_pb2, generation_pb2, generation_pb2_grpc
+from pdserve.router.validation import ValidatedRequest
+from pdserve.v1 import decode_pb2, generation_pb2, generation_pb2_grpc
 
 SERVICE_NAME = "pdserve.v1.Generation"
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
-_LOADING = "router: still loading the model's tokenizer"
 # A cancel this close to the deadline (transit + grpc-timeout rounding) is the deadline.
 _DEADLINE_SLACK_S = 0.05
 _DEADLINE_SLACK_FRACTION = 0.02
@@ -40,19 +39,14 @@ _DEADLINE_SLACK_FRACTION = 0.02
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
 class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[misc, unused-ignore]
-    def __init__(self, dispatcher: Dispatcher, config: RouterConfig) -> None:
-        self.dispatcher = dispatcher
-        self.config = config
-        # None until the model's tokenizer and limits have loaded; calls before get UNAVAILABLE.
-        self.validator: RequestValidator | None = None
-        self._in_flight = 0
-        self._request_ids: set[str] = set()
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
 
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> generation_pb2.GenerateResponse:
         clock = RequestClock()
-        async with self._answering("Generate", context), self._admitted(request) as valid:
+        async with self._answering("Generate", context), self.admission.admitted(request) as valid:
             samples = sample_requests(valid)
             clocks = clocks_for(samples, clock)
             calls = [self._collect(s, context, c) for s, c in zip(samples, clocks, strict=True)]
@@ -63,7 +57,10 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[generation_pb2.GenerateStreamResponse]:
         clock = RequestClock()
-        async with self._answering("GenerateStream", context), self._admitted(request) as valid:
+        async with (
+            self._answering("GenerateStream", context),
+            self.admission.admitted(request) as valid,
+        ):
             samples = sample_requests(valid)
             if len(samples) == 1:
                 async with contextlib.aclosing(self._deltas(valid, context, clock)) as deltas:
@@ -82,7 +79,7 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
         self, request: generation_pb2.InfoRequest, context: Context
     ) -> generation_pb2.InfoResponse:
         try:
-            limits = self._loaded_validator().limits
+            limits = self.admission.loaded_validator().limits
         except RouterError as error:
             await context.abort(error.code, error.message)
             raise  # unreachable: abort raises
@@ -90,12 +87,12 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
             model_name=limits.model_name,
             vocab_size=limits.vocab_size,
             max_context_length=limits.max_position,
-            block_size=self.dispatcher.block_size,
+            block_size=self.admission.dispatcher.block_size,
             limits=generation_pb2.Limits(
                 max_prompt_tokens=limits.max_prompt_tokens,
                 max_tokens=limits.max_tokens,
                 max_stop_strings=limits.max_stop_strings,
-                max_queued_requests=self.config.max_queue,
+                max_queued_requests=self.admission.config.max_queue,
             ),
             eos_token_ids=list(limits.eos_token_ids),
         )
@@ -116,60 +113,11 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
         finally:
             metrics.REQUESTS.labels(method, code.name).inc()
 
-    @contextlib.asynccontextmanager
-    async def _admitted(
-        self, request: generation_pb2.GenerateRequest
-    ) -> AsyncIterator[ValidatedRequest]:
-        """A --max-queue place and the request id, held until the call ends.
-
-        No place free means RESOURCE_EXHAUSTED at once: the router never queues unboundedly.
-        """
-        if self._in_flight >= self.config.max_queue:
-            raise RouterError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"router: {self._in_flight} requests in flight (--max-queue "
-                f"{self.config.max_queue}); retry later",
-            )
-        self._in_flight += 1
-        metrics.IN_FLIGHT.set(self._in_flight)
-        try:
-            valid = await self._loaded_validator().validate(request)
-            if valid.request_id in self._request_ids:
-                raise RouterError(
-                    grpc.StatusCode.ALREADY_EXISTS,
-                    f"request_id: {valid.request_id!r} is already in flight",
-                )
-            self._request_ids.add(valid.request_id)
-            try:
-                yield valid
-            finally:
-                self._request_ids.discard(valid.request_id)
-        finally:
-            self._in_flight -= 1
-            metrics.IN_FLIGHT.set(self._in_flight)
-
-    def _loaded_validator(self) -> RequestValidator:
-        if self.validator is None:
-            raise RouterError(grpc.StatusCode.UNAVAILABLE, _LOADING)
-        return self.validator
-
-    async def _deltas(
+    def _deltas(
         self, request: ValidatedRequest, context: Context, clock: RequestClock
     ) -> AsyncGenerator[decode_pb2.TokenDelta, None]:
         deadline = Deadline.after(context.time_remaining())
-        finished = False
-        stream = self.dispatcher.stream(request, deadline, clock)
-        async with contextlib.aclosing(stream) as deltas:
-            async for delta in deltas:
-                clock.on_tokens(len(delta.token_ids))
-                finished = _finished(delta)
-                if finished:
-                    clock.on_finished()
-                yield delta
-        if not finished:
-            raise RouterError(
-                grpc.StatusCode.INTERNAL, "router: decode stream ended without a finish reason"
-            )
+        return self.admission.deltas(request, deadline, clock)
 
     async def _collect(
         self, request: ValidatedRequest, context: Context, clock: RequestClock
@@ -180,9 +128,9 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
             async for delta in deltas:
                 response.token_ids.extend(delta.token_ids)
                 texts.append(delta.text)
-                if _finished(delta):
+                if is_finished(delta):
                     response.finish_reason = delta.finish_reason
-                    response.usage.CopyFrom(_usage(request, delta, clock))
+                    response.usage.CopyFrom(usage(request, delta, clock))
                     response.timings.CopyFrom(clock.to_proto())
         response.text = "".join(texts)
         return response
@@ -201,21 +149,6 @@ def _cancel_code(window: float | None, remaining: float | None) -> grpc.StatusCo
     return grpc.StatusCode.DEADLINE_EXCEEDED if remaining <= slack else grpc.StatusCode.CANCELLED
 
 
-def _finished(delta: decode_pb2.TokenDelta) -> bool:
-    return bool(delta.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED)
-
-
-def _usage(
-    request: ValidatedRequest, delta: decode_pb2.TokenDelta, clock: RequestClock
-) -> common_pb2.Usage:
-    """Decode's counts (it sends them on the last delta); the router's own as a fallback."""
-    if delta.HasField("usage"):
-        return delta.usage
-    return common_pb2.Usage(
-        prompt_tokens=len(request.prompt_token_ids), completion_tokens=clock.num_tokens
-    )
-
-
 def _chunk(
     request: ValidatedRequest, delta: decode_pb2.TokenDelta, clock: RequestClock
 ) -> generation_pb2.GenerateStreamResponse:
@@ -225,7 +158,7 @@ def _chunk(
         text=delta.text,
         finish_reason=delta.finish_reason,
     )
-    if _finished(delta):
-        chunk.usage.CopyFrom(_usage(request, delta, clock))
+    if is_finished(delta):
+        chunk.usage.CopyFrom(usage(request, delta, clock))
         chunk.timings.CopyFrom(clock.to_proto())
     return chunk

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pdserve.core.chat import ChatTokenizer
 from pdserve.core.model.config import load_model_config
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.serving.proto_convert import sampling_from_proto, sampling_to_proto
@@ -23,7 +24,7 @@ _INLINE_TOKENIZE_CHARS = 4096
 MAX_REQUEST_ID_CHARS = 256
 
 
-class Tokenizer(Protocol):
+class Tokenizer(ChatTokenizer, Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 

@@ -113,6 +113,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "decode": {"gpu": {"enabled": True, "count": 2}, "tolerations": [GPU_TOLERATION]},
     },
     "servicemonitor-on": {"metrics": {"serviceMonitor": {"enabled": True}}},
+    "grafana-dashboard-on-http-8080": {
+        "metrics": {"grafanaDashboard": {"enabled": True}},
+        "router": {"httpPort": 8080},
+    },
     "custom-metrics-loadbalancer": {
         "router": {"service": {"type": "LoadBalancer"}, "maxQueue": 256},
         "prefill": {"autoscaling": {"podsMetric": {"enabled": True}, "cpu": {"enabled": False}}},

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,8 @@ RELEASE = "demo"
 NAMESPACE = "ml"
 ROLES = ("router", "prefill", "decode")
 WORKERS = ("prefill", "decode")
+ROUTER_HTTP_PORT = 8000  # docs/contract.md: the router's --http-port
+DASHBOARD = Path(__file__).resolve().parents[2] / "helm/pdserve/files/grafana-dashboard.json"
 
 
 def name_of(role: str) -> str:
@@ -94,7 +98,11 @@ def test_ports_and_probes_follow_the_contract(
         assert flag(main["args"], "--port") == str(row.grpc_port)
         assert flag(main["args"], "--metrics-port") == str(row.metrics_port)
         ports = {p["name"]: p["containerPort"] for p in main["ports"]}
-        assert ports == {"grpc": row.grpc_port, "metrics": row.metrics_port}
+        expected = {"grpc": row.grpc_port, "metrics": row.metrics_port}
+        if role == "router":  # and its OpenAI HTTP API
+            expected["http"] = ROUTER_HTTP_PORT
+            assert flag(main["args"], "--http-port") == str(ROUTER_HTTP_PORT)
+        assert ports == expected
         for probe, service in (
             ("startupProbe", row.health_service),
             ("readinessProbe", row.health_service),
@@ -104,9 +112,8 @@ def test_ports_and_probes_follow_the_contract(
         startup = main["startupProbe"]
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # model loading
         svc_ports = {p["name"]: p for p in one(defaults, "Service", name_of(role))["spec"]["ports"]}
-        assert svc_ports["grpc"]["port"] == row.grpc_port
-        assert svc_ports["metrics"]["port"] == row.metrics_port
-        assert {p["targetPort"] for p in svc_ports.values()} == {"grpc", "metrics"}
+        assert {name: p["port"] for name, p in svc_ports.items()} == expected
+        assert {p["targetPort"] for p in svc_ports.values()} == set(expected)
         annotations = one(defaults, "Deployment", name_of(role))["spec"]["template"]["metadata"]
         assert annotations["annotations"]["prometheus.io/port"] == str(row.metrics_port)
 
@@ -246,3 +253,26 @@ def test_ucx_env_and_model_volume_reach_the_workers_only(render: Render) -> None
             assert mounts["/models/smollm2-135m-instruct"]["readOnly"] is True
         else:
             assert claims == [] and "/models/smollm2-135m-instruct" not in mounts
+
+
+def test_http_port_zero_turns_the_openai_api_off(render: Render) -> None:
+    objects = render({"router": {"httpPort": 0}}, RELEASE, NAMESPACE)
+    router = container(objects, "router")
+    assert flag(router["args"], "--http-port") == "0"
+    assert "http" not in {p["name"] for p in router["ports"]}
+    service = one(objects, "Service", name_of("router"))
+    assert "http" not in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_grafana_dashboard_is_off_by_default_and_carries_the_sidecar_label(
+    defaults: list[Manifest], render: Render
+) -> None:
+    name = f"{RELEASE}-pdserve-grafana-dashboard"
+    assert name not in kinds(defaults, "ConfigMap")
+    objects = render({"metrics": {"grafanaDashboard": {"enabled": True}}}, RELEASE, NAMESPACE)
+    config_map = one(objects, "ConfigMap", name)
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["pdserve.json"])
+    assert dashboard == json.loads(DASHBOARD.read_text())
+    titles = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
+    assert titles == ["Router", "Prefill", "Decode"]

@@ -86,7 +86,9 @@ def test_exposed_ports_are_the_contract_ports_the_chart_uses(
     }
     values = chart.values
     from_chart = {values[role][key] for role in contract for key in ("port", "metricsPort")}
-    assert exposed == from_contract == from_chart
+    http_port = values["router"]["httpPort"]  # the router's OpenAI HTTP API
+    assert f"`--http-port N` ({http_port}" in (REPO_ROOT / "docs" / "contract.md").read_text()
+    assert exposed == from_contract | {http_port} == from_chart | {http_port}
 
 
 def subcommands_the_deployment_runs(contract: dict[str, Any]) -> set[str]:

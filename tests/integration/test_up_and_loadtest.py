@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import grpc
+import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -41,7 +42,7 @@ def test_loadtest_runner_against_pdserve_up(model_dir: Path, tmp_path: Path) -> 
     port, metrics_port = free_port_base(), free_port_base()
     command = [
         sys.executable, "-m", "pdserve", "up", "--model", str(model_dir),
-        "--port", str(port), "--metrics-port", str(metrics_port),
+        "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", str(port + 1),
         "--log-dir", str(tmp_path / "logs"), "--", *WORKER_ARGS,
     ]  # fmt: skip
     up = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -61,10 +62,24 @@ def test_loadtest_runner_against_pdserve_up(model_dir: Path, tmp_path: Path) -> 
         assert report["statusCodeDistribution"] == {"OK": 12}
         assert not report["errorDistribution"]
         assert report["generation"]["outputTokens"] == 12 * 32  # ignore_eos, max_tokens 32
+        _chat_as_readme_shows(f"http://127.0.0.1:{port + 1}/v1")
     finally:
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=60)
     assert up.returncode == 0, output.decode(errors="replace")[-3000:]
+
+
+def _chat_as_readme_shows(base_url: str) -> None:
+    """README's `openai` example against `pdserve up`'s HTTP door."""
+    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            max_tokens=8,
+            stream=True,
+            messages=[{"role": "user", "content": "Tell me about Paris"}],
+        )
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text.strip()
 
 
 def _env() -> dict[str, str]:

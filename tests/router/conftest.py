@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient
+from pdserve.router.admission import Admission
 from pdserve.router.config import RequestCaps, RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.registry import Registry
@@ -63,8 +64,9 @@ def router_stack(validator: RequestValidator) -> StackFactory:
             registry = Registry(config)
             await registry.start()
             dispatcher = Dispatcher(registry, config)
-            servicer = RouterServicer(dispatcher, config)
-            servicer.validator = validator
+            admission = Admission(dispatcher, config)
+            admission.validator = validator
+            servicer = RouterServicer(admission)
             server = grpc.aio.server()
             generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
             port = server.add_insecure_port("127.0.0.1:0")

@@ -32,13 +32,16 @@ def test_defaults_follow_the_contract() -> None:
     assert config.resolve_interval_seconds == 5.0
     assert config.prefill_targets == "127.0.0.1:50061"
     assert config.decode_targets == "127.0.0.1:50071"
+    assert config.http_port == 8000  # the OpenAI HTTP door
 
 
 def test_flags_read_pdserve_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PDSERVE_MAX_QUEUE", "5")
+    monkeypatch.setenv("PDSERVE_HTTP_PORT", "0")
     monkeypatch.setenv("PDSERVE_DECODE", "dns:///decode.ns.svc.cluster.local:50071")
     config = router_config_from_args(parse("--prefill", "p0:1,p1:1"))
     assert config.max_queue == 5
+    assert config.http_port == 0
     assert config.decode_targets.startswith("dns:///")
     assert config.prefill_targets == "p0:1,p1:1"
 
@@ -51,6 +54,7 @@ def test_flags_read_pdserve_env(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--max-queue", "0"], "--max-queue"),
         (["--max-attempts", "0"], "--max-attempts"),
         (["--resolve-interval-seconds", "0"], "--resolve-interval-seconds"),
+        (["--http-port", "70000"], "--http-port"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(
@@ -86,6 +90,8 @@ def test_router_becomes_ready_serves_metrics_and_drains(model_dir: Path) -> None
                         tiers.prefill_addresses[0],
                         "--decode",
                         tiers.decode_addresses[0],
+                        "--http-port",
+                        "0",
                     )
                 ),
                 ServerConfig("127.0.0.1", port, metrics_port, drain_grace_seconds=5.0),

@@ -13,6 +13,7 @@ process binds with --port, readiness asks for the role's service name, liveness 
 - --prefill={{ include "pdserve.workerAddress" (dict "root" .root "role" "prefill") }}
 - --decode={{ include "pdserve.workerAddress" (dict "root" .root "role" "decode") }}
 - --resolve-interval-seconds={{ $cfg.resolveIntervalSeconds }}
+- --http-port={{ $cfg.httpPort }}
 {{- with $cfg.maxQueue }}
 - --max-queue={{ . }}
 {{- end }}
@@ -166,6 +167,11 @@ spec:
         {{- if $root.Values.tls.enabled }}
         - name: health
           containerPort: {{ $root.Values.tls.healthPort }}
+          protocol: TCP
+        {{- end }}
+        {{- if and (eq .role "router") $cfg.httpPort }}
+        - name: http
+          containerPort: {{ $cfg.httpPort }}
           protocol: TCP
         {{- end }}
       startupProbe:

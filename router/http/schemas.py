@@ -1,0 +1,134 @@
+"""OpenAI request bodies (pydantic), turned into the router's own `GenerateRequest`.
+
+Field checks that belong to OpenAI's shape (types, ranges, `n`, `logprobs`) fail here with the
+OpenAI parameter's name; everything else (prompt length, context, stop strings) is checked by the
+same validator as the gRPC door, and `errors.param_of` maps its field names back to OpenAI's
+(`params()` lists where a body's names differ).
+Unknown fields are ignored, as OpenAI-compatible servers do for clients that send more.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pdserve.core.chat import ChatMessage
+from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.v1 import common_pb2, generation_pb2
+
+# OpenAI's default for /v1/completions; chat has none, so both use the gRPC API's default.
+DEFAULT_MAX_TOKENS = 16
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Parameters both endpoints share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)  # vLLM's extension; 0 = off
+    seed: int | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # vLLM's extension, used by benchmarks such as guidellm
+
+    def sampling(self) -> common_pb2.SamplingParams:
+        if self.n != 1:
+            # Parallel sampling needs copy-on-write KV sharing, which the tiers do not have yet.
+            raise InvalidRequestError("n", f"only n=1 is supported, got {self.n}")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        message = common_pb2.SamplingParams(
+            max_tokens=self._max_tokens(),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=stop,
+            ignore_eos=self.ignore_eos,
+        )
+        if self.seed is not None:
+            message.seed = self.seed
+        return message
+
+    def _max_tokens(self) -> int:
+        return self.max_tokens or DEFAULT_MAX_TOKENS
+
+    def params(self) -> dict[str, str]:
+        """Validator field -> this body's parameter, where the names differ (for errors)."""
+        return {}
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Sampling):
+    """`POST /v1/completions`: one prompt, as text or token ids."""
+
+    prompt: str | list[int] | list[str]
+    echo: bool = False
+    logprobs: int | None = None
+
+    def to_generate_request(self) -> generation_pb2.GenerateRequest:
+        if self.echo:
+            raise InvalidRequestError("echo", "not supported")
+        if self.logprobs is not None:
+            raise InvalidRequestError("logprobs", "not supported")
+        request = generation_pb2.GenerateRequest(sampling=self.sampling())
+        if isinstance(self.prompt, str):
+            request.prompt = self.prompt
+            return request
+        token_ids = [token for token in self.prompt if isinstance(token, int)]
+        if len(token_ids) != len(self.prompt):
+            raise InvalidRequestError("prompt", "one prompt per request (not a list of texts)")
+        request.prompt_token_ids.ids.extend(token_ids)
+        return request
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def to_chat_message(self) -> ChatMessage:
+        if isinstance(self.content, str):
+            return ChatMessage(self.role, self.content)
+        return ChatMessage(self.role, "".join(part.text for part in self.content))
+
+
+class ChatCompletionRequest(_Sampling):
+    """`POST /v1/chat/completions`: messages, rendered by the model's chat template."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+
+    def _max_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+    def params(self) -> dict[str, str]:
+        names = {"prompt": "messages"}
+        if self.max_completion_tokens is not None:
+            names["sampling.max_tokens"] = "max_completion_tokens"
+        return names
+
+    def chat_messages(self) -> list[ChatMessage]:
+        if self.logprobs:
+            raise InvalidRequestError("logprobs", "not supported")
+        return [message.to_chat_message() for message in self.messages]
+
+    def to_generate_request(self, prompt: str) -> generation_pb2.GenerateRequest:
+        return generation_pb2.GenerateRequest(prompt=prompt, sampling=self.sampling())
