@@ -20,6 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tier_arguments(parser, DEFAULT_PORT, DEFAULT_METRICS_PORT)
     add_flag(parser, "--max-pending-reservations", int, 256, "reservations waiting for blocks")
     add_flag(parser, "--kv-timeout-seconds", float, 60.0, "how long KV may take to arrive")
+    add_flag(
+        parser,
+        "--kv-layer-groups",
+        int,
+        1,
+        "pieces each prompt's KV travels in, one per group of layers, each pushed by prefill as "
+        "soon as its layers are computed (1 = the whole prompt in one message; docs/transfer.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +53,7 @@ def _build_loop(args: argparse.Namespace) -> EngineLoop:
     engine = DecodeEngine(
         resolve_model(args.model, args.model_cache),
         engine_config_from_args(args),
-        lambda cache: KVReceiver(cache, ucx_config_from_args(args)),
+        lambda cache: KVReceiver(cache, ucx_config_from_args(args), args.kv_layer_groups),
         limits,
     )
     register_engine_gauges(engine)

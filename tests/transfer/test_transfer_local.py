@@ -15,7 +15,8 @@ from pdserve.core.transfer.interface import (
     LayoutMismatchError,
     TransferError,
     TransferState,
-    transfer_tag,
+    piece_tag,
+    send_whole,
 )
 from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
@@ -38,7 +39,7 @@ def test_blocks_land_exactly_and_counters_count_whole_blocks(pair: Pair) -> None
     sender, receiver, source, target = pair
     descriptor = receiver.expect("r", DST, LAYOUT)
     assert receiver.poll("r") is TransferState.PENDING
-    result = sender.send(descriptor, source, SRC, num_tokens=9).result()
+    result = send_whole(sender, descriptor, source, SRC, num_tokens=9).result()
     assert receiver.poll("r") is TransferState.DONE
     assert torch.equal(target.tensor[:, :, DST], source.tensor[:, :, SRC])
     others = [b for b in range(12) if b not in DST]
@@ -56,7 +57,7 @@ def test_layout_mismatch_names_both_layouts(pair: Pair) -> None:
     assert refused.value.expected == LAYOUT and refused.value.got == other
     descriptor = dataclasses.replace(receiver.expect("r", DST, LAYOUT), layout=other)
     with pytest.raises(LayoutMismatchError, match="num_layers=2"):
-        sender.send(descriptor, source, SRC, 9)
+        send_whole(sender, descriptor, source, SRC, 9)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +76,7 @@ def test_bad_send_arguments_name_the_field(
     sender, receiver, source, _ = pair
     descriptor = receiver.expect("r", DST, LAYOUT)
     with pytest.raises(ValueError, match=field):
-        sender.send(descriptor, source, src, num_tokens)
+        send_whole(sender, descriptor, source, src, num_tokens)
     assert receiver.poll("r") is TransferState.PENDING
 
 
@@ -96,10 +97,11 @@ def test_request_expected_twice_is_refused(pair: Pair) -> None:
 def test_wrong_token_and_late_messages_never_land(pair: Pair) -> None:
     sender, receiver, source, target = pair
     descriptor = receiver.expect("r", DST, LAYOUT)
-    sender.send(dataclasses.replace(descriptor, token=secrets.token_bytes(16)), source, SRC, 9)
+    forged = dataclasses.replace(descriptor, token=secrets.token_bytes(16))
+    send_whole(sender, forged, source, SRC, 9)
     assert receiver.poll("r") is TransferState.PENDING
     receiver.cancel("r")
-    sender.send(descriptor, source, SRC, 9)
+    send_whole(sender, descriptor, source, SRC, 9)
     assert not target.tensor.any()
     with pytest.raises(KeyError, match="'r'"):
         receiver.poll("r")
@@ -112,15 +114,16 @@ def test_unreachable_peer_fails_the_future(pair: Pair) -> None:
     hub.break_peer(broken.address())
     descriptor = broken.expect("r", DST, LAYOUT)
     with pytest.raises(TransferError, match="peer_address"):
-        LocalKVSender(hub).send(descriptor, source, SRC, 9).result()
+        send_whole(LocalKVSender(hub), descriptor, source, SRC, 9).result()
 
 
-def test_tags_come_from_the_whole_token() -> None:
+def test_tags_come_from_the_whole_token_and_the_piece() -> None:
     token = secrets.token_bytes(16)
-    assert transfer_tag(token) == transfer_tag(bytes(token))
-    assert transfer_tag(token) != transfer_tag(token[:15] + bytes([token[15] ^ 1]))
+    assert piece_tag(token, 0) == piece_tag(bytes(token), 0)
+    assert piece_tag(token, 0) != piece_tag(token[:15] + bytes([token[15] ^ 1]), 0)
+    assert piece_tag(token, 0) != piece_tag(token, 1)
     with pytest.raises(ValueError, match="token"):
-        transfer_tag(b"short")
+        piece_tag(b"short", 0)
 
 
 def test_local_backend_matches_the_engine_facing_protocols() -> None:
