@@ -153,7 +153,7 @@ class PieceSend:
             *(asyncio.wrap_future(send) for send in self._sends.values()), return_exceptions=True
         )
         self._sender.pool.release(self._staging)  # every send settled: UCX is done with it
-        failures = self._errors + [o for o in outcomes if isinstance(o, BaseException)]
+        failures = [o for o in outcomes if isinstance(o, BaseException)] + self._errors
         if failures:
             raise failures[0]
         seconds = time.perf_counter() - self._started

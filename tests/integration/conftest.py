@@ -42,7 +42,9 @@ def start_cluster(
     num_decode: int,
     router_args: tuple[str, ...] = (),
     worker_args: tuple[str, ...] = WORKER_ARGS,
+    env: tuple[tuple[str, str], ...] = (),
 ) -> Cluster:
+    """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable)."""
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=num_prefill,
@@ -51,7 +53,7 @@ def start_cluster(
         metrics_base_port=free_port_base(),
         worker_args=worker_args,
         router_args=router_args,
-        env=UCX_ENV,
+        env=UCX_ENV + env,
         drain_grace_seconds=5.0,
     )
     cluster = Cluster(spec, log_dir)

@@ -15,6 +15,7 @@ from pdserve.core.transfer.interface import (
     LayoutMismatchError,
     TransferError,
     TransferState,
+    layer_groups,
     piece_tag,
     send_whole,
 )
@@ -131,3 +132,66 @@ def test_local_backend_matches_the_engine_facing_protocols() -> None:
     receiver: KVReceiverLike = LocalKVReceiver(hub, KVCache(LAYOUT, 2, "cpu"))
     sender: KVSenderLike = LocalKVSender(hub)
     assert receiver.bytes_received == sender.bytes_sent == 0
+
+
+PIECES_LAYOUT = dataclasses.replace(LAYOUT, num_layers=5)
+
+
+@pytest.fixture
+def layered() -> Pair:
+    """Like `pair`, with 5 layers and a receiver expecting 3 pieces (layers [0], [1, 2], [3, 4])."""
+    hub = LocalTransferHub()
+    source, target = KVCache(PIECES_LAYOUT, 12, "cpu"), KVCache(PIECES_LAYOUT, 12, "cpu")
+    source.tensor.copy_(
+        torch.randn(source.tensor.shape, generator=torch.Generator().manual_seed(0))
+    )
+    return LocalKVSender(hub), LocalKVReceiver(hub, target, num_pieces=3), source, target
+
+
+def test_layer_groups_split_evenly_and_refuse_bad_counts() -> None:
+    assert layer_groups(5, 3) == (range(0, 1), range(1, 3), range(3, 5))
+    assert layer_groups(30, 1) == (range(0, 30),)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="num_pieces"):
+            layer_groups(5, bad)
+
+
+def test_pieces_land_exactly_once_all_are_there(layered: Pair) -> None:
+    sender, receiver, source, target = layered
+    descriptor = receiver.expect("r", DST, PIECES_LAYOUT)
+    sending = sender.open(descriptor, source, SRC, 9)
+    for piece in (2, 0):
+        sending.push(piece)
+    assert receiver.poll("r") is TransferState.PENDING and not target.tensor.any()
+    sending.push(1)
+    result = sending.done().result()
+    assert receiver.poll("r") is TransferState.DONE
+    assert torch.equal(target.tensor[:, :, DST], source.tensor[:, :, SRC])
+    assert result.nbytes == receiver.bytes_received == descriptor.nbytes
+
+
+def test_a_wrong_token_piece_never_lands(layered: Pair) -> None:
+    sender, receiver, source, target = layered
+    descriptor = receiver.expect("r", DST, PIECES_LAYOUT)
+    forged = dataclasses.replace(descriptor, token=secrets.token_bytes(16))
+    sender.open(forged, source, SRC, 9).push(1)
+    real = sender.open(descriptor, source, SRC, 9)
+    real.push(0)
+    real.push(2)
+    assert receiver.poll("r") is TransferState.PENDING and not target.tensor.any()
+    real.push(1)
+    assert receiver.poll("r") is TransferState.DONE
+
+
+def test_unpushed_or_repeated_pieces_fail_the_send(layered: Pair) -> None:
+    sender, receiver, source, _ = layered
+    descriptor = receiver.expect("r", DST, PIECES_LAYOUT)
+    sending = sender.open(descriptor, source, SRC, 9)
+    sending.push(0)
+    sending.push(0)
+    with pytest.raises(ValueError, match="piece: 0 pushed twice"):
+        sending.done().result()
+    with pytest.raises(TransferError, match=r"pieces \[0, 1, 2\] were never pushed"):
+        sender.open(descriptor, source, SRC, 9).done().result()
+    with pytest.raises(ValueError, match="num_pieces"):
+        sender.open(dataclasses.replace(descriptor, num_pieces=6), source, SRC, 9)
