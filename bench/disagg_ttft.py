@@ -11,7 +11,7 @@ with layer-wise push it includes the gathers made during the forward), transfer 
 holds every piece; overlaps the forward when layer-wise), TTFT, and `exposed` = TTFT - queue -
 prefill: what the transfer (and the hops to decode) add after the first token is sampled.
 
-    python -m pdserve.bench.disagg_ttft --lengths 100,1000,4000 --requests 5 \\
+    python -m pdserve.bench.disagg_ttft --lengths 100,1000,4000 --requests 3 \\
         --transports sm,tcp --layer-groups 1,5,30
 """
 
@@ -63,8 +63,10 @@ def _run_transport(
         ]
         for cluster in clusters:
             cluster.wait_ready()
+        addresses = [c.router.address for c in clusters]
+        asyncio.run(_measure(addresses, lengths[0], 1))  # warm-up: endpoints, staging pools
         for length in lengths:
-            timings = asyncio.run(_measure([c.router.address for c in clusters], length, requests))
+            timings = asyncio.run(_measure(addresses, length, requests))
             whole_ttft = statistics.median(t.first_token_seconds for t in timings[0])
             for count, rows in zip(groups, timings, strict=True):
                 _print_row(transport, length, count, rows, whole_ttft)
@@ -103,7 +105,7 @@ def _print_row(
 
 
 async def _measure(addresses: list[str], length: int, count: int) -> list[list[common_pb2.Timings]]:
-    """`count` requests per cluster, one at a time, round-robin; one warm-up each first."""
+    """`count` requests per cluster, one at a time, round-robin."""
     prompt = [100 + (i * 7919) % 40000 for i in range(length)]  # valid ids, no special tokens
     sampling = SamplingParams(max_tokens=1, temperature=0.0)
     async with contextlib.AsyncExitStack() as stack:
@@ -111,8 +113,6 @@ async def _measure(addresses: list[str], length: int, count: int) -> list[list[c
             await stack.enter_async_context(GenerationClient.connect(address))
             for address in addresses
         ]
-        for client in clients:
-            await client.generate(build_request(prompt, sampling=sampling))
         timings: list[list[common_pb2.Timings]] = [[] for _ in clients]
         for _ in range(count):
             for client, rows in zip(clients, timings, strict=True):
