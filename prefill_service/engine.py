@@ -12,6 +12,7 @@ caller's future resolves when decode has every piece.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -170,19 +171,20 @@ def _resolve(
     queue_seconds: float,
     until_sampled: float,
 ) -> None:
-    if job.outcome.cancelled():
-        return
     error = sending.exception()
-    if error is not None:
-        job.outcome.set_exception(error)
-        return
-    result = sending.result()
-    job.outcome.set_result(
-        PrefillOutcome(
-            first_token_id=token,
-            kv_bytes_sent=result.nbytes,
-            queue_seconds=queue_seconds,
-            prefill_seconds=until_sampled - queue_seconds,
-            transfer_seconds=result.seconds,
+    # The engine thread may cancel the outcome (an abort) at any moment, even between a check
+    # and the set: a cancelled outcome simply keeps its cancel.
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is not None:
+            job.outcome.set_exception(error)
+            return
+        result = sending.result()
+        job.outcome.set_result(
+            PrefillOutcome(
+                first_token_id=token,
+                kv_bytes_sent=result.nbytes,
+                queue_seconds=queue_seconds,
+                prefill_seconds=until_sampled - queue_seconds,
+                transfer_seconds=result.seconds,
+            )
         )
-    )

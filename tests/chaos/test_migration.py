@@ -28,9 +28,12 @@ def test_streams_survive_a_killed_decode_worker(
     for round_ in range(chaos_rounds):
         cluster = start_cluster(model_dir, tmp_path / f"logs-{round_}", 1, 2)
         try:
-            undisturbed = asyncio.run(_streams(cluster, work, kill_after=None))
-            migrated = asyncio.run(_streams(cluster, work, kill_after=TOKENS_BEFORE_KILL))
+            undisturbed, _ = asyncio.run(_streams(cluster, work, kill_after=None))
+            migrated, worst_gap = asyncio.run(
+                _streams(cluster, work, kill_after=TOKENS_BEFORE_KILL)
+            )
             assert migrated == undisturbed
+            print(f"chaos migration round {round_}: worst gap across the kill {worst_gap:.2f} s")
             moved = labelled_metric(
                 cluster.router, "pdserve_router_migrations_total", outcome="migrated"
             )
@@ -42,16 +45,24 @@ def test_streams_survive_a_killed_decode_worker(
 
 async def _streams(
     cluster: Cluster, prompts: list[list[int]], kill_after: int | None
-) -> list[list[int]]:
-    """Every prompt's streamed tokens; with `kill_after`, decode-0 is SIGKILLed once every
-    stream has that many tokens."""
+) -> tuple[list[list[int]], float]:
+    """Every prompt's streamed tokens and the longest gap between two chunks of one stream
+    (the time to recover); with `kill_after`, decode-0 is SIGKILLed once every stream has that
+    many tokens."""
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     received: list[list[int]] = [[] for _ in prompts]
+    worst_gap = 0.0
     async with GenerationClient.connect(cluster.router.address) as client:
 
         async def consume(index: int) -> None:
+            nonlocal worst_gap
             request = build_request(prompts[index], sampling=sampling)
+            last = None
             async for chunk in client.generate_stream(request, timeout=300):
+                now = time.monotonic()
+                if last is not None:
+                    worst_gap = max(worst_gap, now - last)
+                last = now
                 received[index].extend(chunk.token_ids)
 
         tasks = [asyncio.ensure_future(consume(i)) for i in range(len(prompts))]
@@ -60,7 +71,7 @@ async def _streams(
                 await asyncio.sleep(0.005)
             cluster.decode[0].popen.kill()
         await asyncio.gather(*tasks)
-    return received
+    return received, worst_gap
 
 
 def _wait_survivors_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
