@@ -9,24 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
-
 from .conftest import WORKER_ARGS, start_cluster
-from .helpers import metric, wait_all_blocks_free
+from .helpers import greedy_outputs, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
 LAYER_GROUPS = 4
-
-
-async def _greedy(cluster: Cluster, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    async with GenerationClient.connect(cluster.router.address) as client:
-        replies = await asyncio.gather(
-            *(client.generate(build_request(p, sampling=sampling)) for p in prompts)
-        )
-    return [list(reply.token_ids) for reply in replies]
 
 
 def test_layerwise_push_gives_transformers_greedy_output_and_frees_every_block(
@@ -47,7 +35,7 @@ def test_layerwise_push_gives_transformers_greedy_output_and_frees_every_block(
         env=(("PDSERVE_KV_LAYER_GROUPS", str(LAYER_GROUPS)),),
     )
     try:
-        assert asyncio.run(_greedy(cluster, prompts, max_new_tokens)) == hf_greedy
+        assert asyncio.run(greedy_outputs(cluster, prompts, max_new_tokens)) == hf_greedy
         wait_all_blocks_free(cluster)
         assert metric(cluster.prefill[0], "pdserve_prefill_kv_sent_bytes") > 0
     finally:

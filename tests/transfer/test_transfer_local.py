@@ -26,14 +26,18 @@ SRC, DST = [3, 7, 1], [10, 2, 5]
 Pair = tuple[LocalKVSender, LocalKVReceiver, KVCache, KVCache]
 
 
-@pytest.fixture
-def pair() -> Pair:
+def _pair(layout: KVLayout, num_pieces: int) -> Pair:
     hub = LocalTransferHub()
-    source, target = KVCache(LAYOUT, 12, "cpu"), KVCache(LAYOUT, 12, "cpu")
+    source, target = KVCache(layout, 12, "cpu"), KVCache(layout, 12, "cpu")
     source.tensor.copy_(
         torch.randn(source.tensor.shape, generator=torch.Generator().manual_seed(0))
     )
-    return LocalKVSender(hub), LocalKVReceiver(hub, target), source, target
+    return LocalKVSender(hub), LocalKVReceiver(hub, target, num_pieces), source, target
+
+
+@pytest.fixture
+def pair() -> Pair:
+    return _pair(LAYOUT, num_pieces=1)
 
 
 def test_blocks_land_exactly_and_counters_count_whole_blocks(pair: Pair) -> None:
@@ -140,12 +144,7 @@ PIECES_LAYOUT = dataclasses.replace(LAYOUT, num_layers=5)
 @pytest.fixture
 def layered() -> Pair:
     """Like `pair`, with 5 layers and a receiver expecting 3 pieces (layers [0], [1, 2], [3, 4])."""
-    hub = LocalTransferHub()
-    source, target = KVCache(PIECES_LAYOUT, 12, "cpu"), KVCache(PIECES_LAYOUT, 12, "cpu")
-    source.tensor.copy_(
-        torch.randn(source.tensor.shape, generator=torch.Generator().manual_seed(0))
-    )
-    return LocalKVSender(hub), LocalKVReceiver(hub, target, num_pieces=3), source, target
+    return _pair(PIECES_LAYOUT, num_pieces=3)
 
 
 def test_layer_groups_split_evenly_and_refuse_bad_counts() -> None:
