@@ -177,6 +177,7 @@ class KVSenderLike(Protocol):
     """Prefill side, as the prefill engine uses it (UCX or in-process)."""
 
     bytes_sent: int
+    pieces_sent: int
     seconds: float
 
     def open(

@@ -129,6 +129,7 @@ class LocalKVSender:
 
     def __init__(self, hub: LocalTransferHub) -> None:
         self.bytes_sent = 0
+        self.pieces_sent = 0
         self.seconds = 0.0
         self.hub = hub
 
@@ -188,6 +189,7 @@ class LocalPieceSend:
         seconds = time.perf_counter() - self._started
         nbytes = self._staging.payload_nbytes
         self._sender.bytes_sent += nbytes
+        self._sender.pieces_sent += len(self._pushed)
         self._sender.seconds += seconds
         future.set_result(SendResult(self.descriptor.request_id, nbytes, seconds, self._gather_s))
         return future

@@ -37,6 +37,7 @@ class KVSender:
 
     def __init__(self, config: UcxConfig) -> None:
         self.bytes_sent = 0  # whole blocks delivered, K and V of every layer
+        self.pieces_sent = 0  # messages delivered (one per group of layers)
         self.seconds = 0.0  # summed open() -> delivered time (gathers + wire)
         self.runtime = UcxRuntime(config)
         self.pool = StagingPool(config.staging_pool_bytes)
@@ -74,9 +75,10 @@ class KVSender:
                 self._endpoints[peer] = endpoint
             return endpoint
 
-    def count(self, nbytes: int, seconds: float) -> None:
+    def count(self, nbytes: int, pieces: int, seconds: float) -> None:
         with self._lock:
             self.bytes_sent += nbytes
+            self.pieces_sent += pieces
             self.seconds += seconds
 
     async def completion(self, descriptor: TransferDescriptor, request: ucx_api.UCXRequest) -> None:
@@ -158,7 +160,7 @@ class PieceSend:
             raise failures[0]
         seconds = time.perf_counter() - self._started
         nbytes = self._staging.payload_nbytes
-        self._sender.count(nbytes, seconds)
+        self._sender.count(nbytes, len(self._sends), seconds)
         return SendResult(self.descriptor.request_id, nbytes, seconds, self._gather_s)
 
 

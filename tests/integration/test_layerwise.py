@@ -37,6 +37,7 @@ def test_layerwise_push_gives_transformers_greedy_output_and_frees_every_block(
     try:
         assert asyncio.run(greedy_outputs(cluster, prompts, max_new_tokens)) == hf_greedy
         wait_all_blocks_free(cluster)
-        assert metric(cluster.prefill[0], "pdserve_prefill_kv_sent_bytes") > 0
+        pieces = metric(cluster.prefill[0], "pdserve_prefill_kv_sent_pieces")
+        assert pieces == LAYER_GROUPS * len(prompts)
     finally:
         cluster.stop()

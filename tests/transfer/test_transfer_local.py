@@ -167,6 +167,7 @@ def test_pieces_land_exactly_once_all_are_there(layered: Pair) -> None:
     assert receiver.poll("r") is TransferState.DONE
     assert torch.equal(target.tensor[:, :, DST], source.tensor[:, :, SRC])
     assert result.nbytes == receiver.bytes_received == descriptor.nbytes
+    assert sender.pieces_sent == 3
 
 
 def test_a_wrong_token_piece_never_lands(layered: Pair) -> None:
