@@ -73,7 +73,7 @@ class SendResult:
 
     request_id: str
     nbytes: int
-    seconds: float  # send() called -> receiver took the bytes
+    seconds: float  # first push -> receiver took every piece (overlaps the forward if layer-wise)
     gather_seconds: float  # of which: copying the blocks into the staging buffer
 
 

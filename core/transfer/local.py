@@ -158,7 +158,7 @@ class LocalPieceSend:
         self._cache = cache
         self._index = block_index(cache, src)
         self._staging = Staging(descriptor.layout, len(src), descriptor.num_pieces)
-        self._started = time.perf_counter()
+        self._started: float | None = None  # the first push: open() precedes the forward
         self._gather_s = 0.0
         self._pushed: set[int] = set()
         self._errors: list[Exception] = []
@@ -170,6 +170,7 @@ class LocalPieceSend:
             return
         self._pushed.add(piece)
         started = time.perf_counter()
+        self._started = self._started or started
         target = self._staging.pieces[piece]
         target.gather_from(self._cache, self._index, self.descriptor.token)
         self._gather_s += time.perf_counter() - started
@@ -186,7 +187,7 @@ class LocalPieceSend:
         if self._errors:
             future.set_exception(self._errors[0])
             return future
-        seconds = time.perf_counter() - self._started
+        seconds = time.perf_counter() - (self._started or time.perf_counter())
         nbytes = self._staging.payload_nbytes
         self._sender.bytes_sent += nbytes
         self._sender.pieces_sent += len(self._pushed)

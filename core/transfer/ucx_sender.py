@@ -38,7 +38,7 @@ class KVSender:
     def __init__(self, config: UcxConfig) -> None:
         self.bytes_sent = 0  # whole blocks delivered, K and V of every layer
         self.pieces_sent = 0  # messages delivered (one per group of layers)
-        self.seconds = 0.0  # summed open() -> delivered time (gathers + wire)
+        self.seconds = 0.0  # summed first push -> delivered time (gathers + wire)
         self.runtime = UcxRuntime(config)
         self.pool = StagingPool(config.staging_pool_bytes)
         self._lock = threading.Lock()
@@ -114,7 +114,7 @@ class PieceSend:
         self._sender = sender
         self._cache = cache
         self._index = block_index(cache, src)
-        self._started = time.perf_counter()
+        self._started: float | None = None  # the first push: open() precedes the forward
         self._gather_s = 0.0
         self._staging: Staging = sender.pool.acquire(
             descriptor.layout, len(src), descriptor.num_pieces
@@ -129,6 +129,7 @@ class PieceSend:
             self._errors.append(misplaced)
             return
         started = time.perf_counter()
+        self._started = self._started or started
         target = self._staging.pieces[piece]
         target.gather_from(self._cache, self._index, self.descriptor.token)
         self._gather_s += time.perf_counter() - started
@@ -158,7 +159,7 @@ class PieceSend:
         failures = [o for o in outcomes if isinstance(o, BaseException)] + self._errors
         if failures:
             raise failures[0]
-        seconds = time.perf_counter() - self._started
+        seconds = time.perf_counter() - (self._started or time.perf_counter())
         nbytes = self._staging.payload_nbytes
         self._sender.count(nbytes, len(self._sends), seconds)
         return SendResult(self.descriptor.request_id, nbytes, seconds, self._gather_s)
