@@ -20,6 +20,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("pdserve.prefill_service.main", "run a prefill worker"),
     "decode": ("pdserve.decode_service.main", "run a decode worker"),
     "loadtest": ("pdserve.loadtest.runner", "drive load from a ghz config file"),
+    "profile": ("pdserve.planner.profile_cli", "measure this engine's step costs (a profile)"),
+    "simulate": ("pdserve.planner.simulate_cli", "simulate a deployment from a profile"),
+    "plan": ("pdserve.planner.plan_cli", "size prefill/decode tiers for SLOs; write Helm values"),
 }
 
 

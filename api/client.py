@@ -70,11 +70,16 @@ class GenerationClient:
         self._stub: GenerationAsyncStub = generation_pb2_grpc.GenerationStub(channel)
 
     @classmethod
-    def connect(cls, target: str = DEFAULT_TARGET) -> GenerationClient:
-        """A client on a new plaintext channel to `target` ("host:port")."""
+    def connect(
+        cls, target: str = DEFAULT_TARGET, credentials: grpc.ChannelCredentials | None = None
+    ) -> GenerationClient:
+        """A client on a new channel to `target` ("host:port"): TLS with `credentials`
+        (`grpc.ssl_channel_credentials(ca)`), else plaintext."""
         if not target:
             raise ValueError("target: must be host:port, got an empty string")
-        return cls(grpc.aio.insecure_channel(target))
+        if credentials is None:
+            return cls(grpc.aio.insecure_channel(target))
+        return cls(grpc.aio.secure_channel(target, credentials))
 
     async def generate(
         self,

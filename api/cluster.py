@@ -38,6 +38,33 @@ class CpuPin:
 
 
 @dataclass(frozen=True)
+class ClusterTls:
+    """TLS on every port and mTLS from the router to the workers (docs/security.md); PEM files."""
+
+    ca: Path  # signed both certificates
+    server_cert: Path  # every process serves with it: its SANs must cover 127.0.0.1
+    server_key: Path
+    router_cert: Path  # the router's client identity towards the workers
+    router_key: Path
+    router_name: str  # a name on router_cert: the only client the workers admit
+
+    def args(self, role: str) -> list[str]:
+        served = ["--tls-cert", str(self.server_cert), "--tls-key", str(self.server_key)]
+        if role == "router":
+            client = ["--worker-tls-cert", str(self.router_cert), "--worker-tls-key"]
+            return [*served, "--worker-tls-ca", str(self.ca), *client, str(self.router_key)]
+        admitted = ["--tls-client-ca", str(self.ca), "--tls-allowed-clients", self.router_name]
+        return [*served, *admitted]
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A blocking channel as the router: its client certificate, the CA's trust."""
+        credentials = grpc.ssl_channel_credentials(
+            self.ca.read_bytes(), self.router_key.read_bytes(), self.router_cert.read_bytes()
+        )
+        return grpc.secure_channel(address, credentials)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     model_dir: Path
     num_prefill: int = 1
@@ -49,6 +76,7 @@ class ClusterSpec:
     env: tuple[tuple[str, str], ...] = ()  # extra environment (UCX_* for tests)
     drain_grace_seconds: float = 10.0
     pins: tuple[CpuPin, ...] = ()  # processes not named here run on every CPU
+    tls: ClusterTls | None = None  # None: plaintext, as `pdserve up` runs
 
 
 @dataclass(frozen=True)
@@ -105,6 +133,7 @@ class Cluster:
             "--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port),
             "--model", str(spec.model_dir),
             "--drain-grace-seconds", str(spec.drain_grace_seconds),
+            *(spec.tls.args(role) if spec.tls is not None else []),
             *extra,
         ]  # fmt: skip
         output: int | BinaryIO = subprocess.DEVNULL
@@ -129,7 +158,7 @@ class Cluster:
         """Blocks until every process reports SERVING on its readiness name."""
         deadline = time.monotonic() + timeout_s
         for process in self.processes:
-            while not _is_ready(process):
+            while not _is_ready(process, self.spec.tls):
                 if process.popen.poll() is not None:
                     raise RuntimeError(
                         f"{process.role}-{process.index} exited ({process.popen.returncode})"
@@ -161,8 +190,10 @@ class Cluster:
         self.stop()
 
 
-def _is_ready(process: Process) -> bool:
-    with grpc.insecure_channel(process.address) as channel:
+def _is_ready(process: Process, tls: ClusterTls | None) -> bool:
+    address = process.address
+    channel = grpc.insecure_channel(address) if tls is None else tls.channel(address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(

@@ -134,14 +134,14 @@ class LLMEngine:
         context = self.model_config.max_position
         if prompt_len + max_tokens > context:
             raise InvalidRequestError(
-                "max_tokens",
+                "sampling.max_tokens",
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
                 f"context length of {context}",
             )
         needed = blocks_for(prompt_len + max_tokens, self.config.block_size)
         if needed > self.config.num_kv_blocks:
             raise InvalidRequestError(
-                "max_tokens",
+                "sampling.max_tokens",
                 f"prompt + max_tokens needs {needed} KV blocks, more than the whole cache "
                 f"({self.config.num_kv_blocks})",
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -65,3 +66,6 @@ def _check_int(field: str, value: object, minimum: int | None) -> None:
 def _check_number(field: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRequestError(field, f"must be a number, got {type(value).__name__}")
+    # NaN slips past every comparison and +inf past `>= 0`: both would reach the sampler.
+    if not math.isfinite(value):
+        raise InvalidRequestError(field, f"must be a finite number, got {value}")

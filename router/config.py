@@ -3,12 +3,36 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES
+from pdserve.core.serving.tls import ChannelTls
 
 
 class Tier(enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class RequestCaps:
+    """What one request may ask for (router flags); None: up to the model's own context."""
+
+    max_prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    max_stop_strings: int = 16  # stop strings, and stop token ids, per request
+    max_stop_string_chars: int = 256
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_prompt_tokens",
+            "max_tokens",
+            "max_stop_strings",
+            "max_stop_string_chars",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{_flag(name)}: must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -27,7 +51,7 @@ class RouterConfig:
     abort_timeout_seconds: float = 1.0
     # Decode.Abort is retried (each try with twice the time) until it answers or this many fail.
     abort_attempts: int = 5
-    max_stop_strings: int = 16
+    caps: RequestCaps = field(default_factory=RequestCaps)
     # Reported by Info until a decode worker's reservation tells the real one.
     block_size: int = 16
     # Prompts shorter than this many tokens are prefilled on their decode worker (placement.py);
@@ -38,15 +62,12 @@ class RouterConfig:
     max_prefill_queue: int = 4
     # Times one request may move to another decode worker after losing its own.
     max_migrations: int = 3
+    # The router's channels to the workers: TLS/mTLS settings (None: plaintext), message bound.
+    worker_tls: ChannelTls | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_queue",
-            "max_attempts",
-            "abort_attempts",
-            "max_stop_strings",
-            "block_size",
-        ):
+        for name in ("max_queue", "max_attempts", "abort_attempts", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_flag(name)}: must be >= 1, got {getattr(self, name)}")
         for name in (

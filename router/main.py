@@ -22,7 +22,8 @@ from pdserve.core.serving.cli_config import (
     server_config_from_args,
 )
 from pdserve.core.serving.server import ServerConfig, ServiceHost
-from pdserve.router.config import RouterConfig
+from pdserve.core.serving.tls import ChannelTls
+from pdserve.router.config import RequestCaps, RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.registry import Registry
 from pdserve.router.servicer import SERVICE_NAME, RouterServicer
@@ -108,6 +109,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         defaults.max_migrations,
         "times a request may move to another decode worker after losing its own",
     )
+    _add_cap_arguments(parser)
+    _add_worker_tls_arguments(parser)
+
+
+def _add_cap_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("request caps (INVALID_ARGUMENT naming the field above)")
+    caps = RequestCaps()
+    add_flag(group, "--max-prompt-tokens", int, None, "prompt tokens (default: context - 1)")
+    add_flag(group, "--max-tokens", int, None, "sampling.max_tokens (default: context - 1)")
+    add_flag(
+        group, "--max-stop-strings", int, caps.max_stop_strings, "stop strings, and stop token ids"
+    )
+    add_flag(
+        group,
+        "--max-stop-string-chars",
+        int,
+        caps.max_stop_string_chars,
+        "one stop string's length",
+    )
+
+
+def _add_worker_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TLS to the workers (docs/security.md; plaintext without CA)")
+    add_flag(group, "--worker-tls-ca", Path, None, "PEM CA bundle that signed the workers' certs")
+    add_flag(group, "--worker-tls-cert", Path, None, "PEM client certificate shown to workers")
+    add_flag(group, "--worker-tls-key", Path, None, "PEM private key of --worker-tls-cert")
+    add_flag(
+        group,
+        "--worker-tls-server-name",
+        str,
+        None,
+        "the name expected on every worker's certificate (default: the address's host)",
+    )
+
+
+def _worker_tls_from_args(args: argparse.Namespace) -> ChannelTls | None:
+    if args.worker_tls_ca is None:
+        if args.worker_tls_cert is not None or args.worker_tls_key is not None:
+            raise ValueError("--worker-tls-cert / --worker-tls-key: need --worker-tls-ca")
+        return None
+    return ChannelTls(
+        args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name
+    )
 
 
 def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -122,6 +166,14 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         disagg_threshold=args.disagg_threshold,
         max_prefill_queue=args.max_prefill_queue,
         max_migrations=args.max_migrations,
+        caps=RequestCaps(
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_tokens=args.max_tokens,
+            max_stop_strings=args.max_stop_strings,
+            max_stop_string_chars=args.max_stop_string_chars,
+        ),
+        worker_tls=_worker_tls_from_args(args),
+        max_message_bytes=args.max_message_bytes,
     )
     parse_targets("--prefill", config.prefill_targets, allow_empty=True)  # fail at start-up
     parse_targets("--decode", config.decode_targets)
@@ -177,7 +229,7 @@ async def _become_ready(router: Router, source: ModelSource) -> None:
         await router.registry.start()
         model_dir = await asyncio.to_thread(resolve_model, source.model, source.cache_dir)
         router.servicer.validator = await asyncio.to_thread(
-            load_validator, model_dir, router.config.max_stop_strings
+            load_validator, model_dir, router.config.caps
         )
         while not router.registry.ready():
             await asyncio.sleep(router.config.load_poll_interval_seconds)

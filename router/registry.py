@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import grpc
 
+from pdserve.core.serving.server import message_limits
+from pdserve.core.serving.tls import secure_channel
 from pdserve.router import metrics
 from pdserve.router.config import RouterConfig, Tier
 from pdserve.router.policy import WorkerLoad, least_loaded
@@ -77,19 +79,24 @@ class WorkerPool(Generic[StubT]):
     """The workers of one tier."""
 
     def __init__(
-        self, tier: Tier, make_stub: Callable[[grpc.aio.Channel], StubT], load_timeout: float
+        self,
+        tier: Tier,
+        make_stub: Callable[[grpc.aio.Channel], StubT],
+        config: RouterConfig,
     ) -> None:
         self.tier = tier
         self.workers: dict[str, Worker[StubT]] = {}
         self._make_stub = make_stub
-        self._load_timeout = load_timeout
+        self._load_timeout = config.load_timeout_seconds
+        self._tls = config.worker_tls
+        self._channel_options = message_limits(config.max_message_bytes)
         self._turn = 0
         self._closing: set[asyncio.Task[None]] = set()
 
     def set_addresses(self, addresses: Iterable[str]) -> None:
         wanted = set(addresses)
         for address in wanted - self.workers.keys():
-            channel = grpc.aio.insecure_channel(address)
+            channel = secure_channel(address, self._tls, self._channel_options)
             self.workers[address] = Worker(address, channel, self._make_stub(channel))
             log.info("%s worker added: %s", self.tier.value, address)
         for address in wanted & self.workers.keys():
@@ -204,12 +211,8 @@ class Registry:
 
     def __init__(self, config: RouterConfig, resolver: Resolver = resolve_dns) -> None:
         self.config = config
-        self.prefill: WorkerPool[PrefillAsyncStub] = WorkerPool(
-            Tier.PREFILL, _prefill_stub, config.load_timeout_seconds
-        )
-        self.decode: WorkerPool[DecodeAsyncStub] = WorkerPool(
-            Tier.DECODE, _decode_stub, config.load_timeout_seconds
-        )
+        self.prefill: WorkerPool[PrefillAsyncStub] = WorkerPool(Tier.PREFILL, _prefill_stub, config)
+        self.decode: WorkerPool[DecodeAsyncStub] = WorkerPool(Tier.DECODE, _decode_stub, config)
         self._targets = {
             Tier.PREFILL: parse_targets("--prefill", config.prefill_targets, allow_empty=True),
             Tier.DECODE: parse_targets("--decode", config.decode_targets),

@@ -26,6 +26,9 @@ from pdserve.v1 import common_pb2, decode_pb2, generation_pb2, generation_pb2_gr
 SERVICE_NAME = "pdserve.v1.Generation"
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 _LOADING = "router: still loading the model's tokenizer"
+# A cancel this close to the deadline (transit + grpc-timeout rounding) is the deadline.
+_DEADLINE_SLACK_S = 0.05
+_DEADLINE_SLACK_FRACTION = 0.02
 
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
@@ -72,8 +75,8 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
             max_context_length=limits.max_position,
             block_size=self.dispatcher.block_size,
             limits=generation_pb2.Limits(
-                max_prompt_tokens=limits.max_position - 1,
-                max_tokens=limits.max_position - 1,
+                max_prompt_tokens=limits.max_prompt_tokens,
+                max_tokens=limits.max_tokens,
                 max_stop_strings=limits.max_stop_strings,
                 max_queued_requests=self.config.max_queue,
             ),
@@ -84,13 +87,11 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
     async def _answering(self, method: str, context: Context) -> AsyncIterator[None]:
         """Ends the call with the status `to_status` picks, and counts it by code."""
         code = grpc.StatusCode.OK
+        window = context.time_remaining()
         try:
             yield
         except (asyncio.CancelledError, GeneratorExit):
-            # gRPC cancels the handler both when the client cancels and when its deadline passes.
-            remaining = context.time_remaining()
-            expired = remaining is not None and remaining <= 0
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            code = _cancel_code(window, context.time_remaining())
             raise
         except Exception as error:
             code, message = to_status(error)
@@ -168,6 +169,19 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
                     response.timings.CopyFrom(clock.to_proto())
         response.text = "".join(texts)
         return response
+
+
+def _cancel_code(window: float | None, remaining: float | None) -> grpc.StatusCode:
+    """Why gRPC cancelled the handler: the client's cancel or its deadline.
+
+    The client's deadline fires on its own clock and reaches us as a plain cancel (RST_STREAM, the
+    frame a user's cancel sends too) while our copy of the deadline still has a little time left:
+    the grpc-timeout header is rounded up when encoded, and transit adds to it. So a cancel that
+    close to our deadline is the deadline (docs/contract.md counts those DEADLINE_EXCEEDED)."""
+    if window is None or remaining is None:
+        return grpc.StatusCode.CANCELLED
+    slack = _DEADLINE_SLACK_S + _DEADLINE_SLACK_FRACTION * window
+    return grpc.StatusCode.DEADLINE_EXCEEDED if remaining <= slack else grpc.StatusCode.CANCELLED
 
 
 def _finished(delta: decode_pb2.TokenDelta) -> bool:

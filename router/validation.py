@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Protocol
 
 from pdserve.core.model.config import load_model_config
-from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.serving.proto_convert import sampling_from_proto, sampling_to_proto
+from pdserve.router.config import RequestCaps
 from pdserve.v1 import common_pb2, generation_pb2
 
 # Longer texts are tokenized off the event loop so one big prompt does not stall every stream.
@@ -28,21 +29,30 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class ModelLimits:
+    """The model's facts and what one request may ask for: the flags' caps within its context."""
+
     model_name: str
     vocab_size: int
     max_position: int
     eos_token_ids: tuple[int, ...]
+    max_prompt_tokens: int
+    max_tokens: int
     max_stop_strings: int
+    max_stop_string_chars: int
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path, max_stop_strings: int) -> ModelLimits:
+    def from_model_dir(cls, model_dir: Path, caps: RequestCaps) -> ModelLimits:
         config = load_model_config(model_dir)
+        room = config.max_position - 1  # a prompt leaves room for one token, and vice versa
         return cls(
             model_name=model_dir.name,
             vocab_size=config.vocab_size,
             max_position=config.max_position,
             eos_token_ids=config.eos_token_ids,
-            max_stop_strings=max_stop_strings,
+            max_prompt_tokens=min(caps.max_prompt_tokens or room, room),
+            max_tokens=min(caps.max_tokens or room, room),
+            max_stop_strings=caps.max_stop_strings,
+            max_stop_string_chars=caps.max_stop_string_chars,
         )
 
 
@@ -55,13 +65,13 @@ class ValidatedRequest:
     priority: int
 
 
-def load_validator(model_dir: Path, max_stop_strings: int) -> RequestValidator:
+def load_validator(model_dir: Path, caps: RequestCaps) -> RequestValidator:
     """The model's own tokenizer (what the workers detokenize with) and limits; slow (imports
     transformers), so the router runs it off the event loop."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return RequestValidator(tokenizer, ModelLimits.from_model_dir(model_dir, max_stop_strings))
+    return RequestValidator(tokenizer, ModelLimits.from_model_dir(model_dir, caps))
 
 
 class RequestValidator:
@@ -72,11 +82,7 @@ class RequestValidator:
     async def validate(self, request: generation_pb2.GenerateRequest) -> ValidatedRequest:
         request_id = self._request_id(request)
         params = sampling_from_proto(request.sampling, request.priority)
-        if len(params.stop) > self.limits.max_stop_strings:
-            raise InvalidRequestError(
-                "sampling.stop",
-                f"at most {self.limits.max_stop_strings} stop strings, got {len(params.stop)}",
-            )
+        self._check_stops(params)
         prompt_ids = await self._prompt_token_ids(request)
         self._check_length(request, len(prompt_ids), params.max_tokens)
         return ValidatedRequest(
@@ -85,6 +91,25 @@ class RequestValidator:
             sampling=sampling_to_proto(params),
             priority=request.priority,
         )
+
+    def _check_stops(self, params: SamplingParams) -> None:
+        most = self.limits.max_stop_strings
+        if len(params.stop) > most:
+            raise InvalidRequestError(
+                "sampling.stop", f"at most {most} stop strings, got {len(params.stop)}"
+            )
+        if len(params.stop_token_ids) > most:
+            raise InvalidRequestError(
+                "sampling.stop_token_ids",
+                f"at most {most} stop token ids, got {len(params.stop_token_ids)}",
+            )
+        longest = max((len(text) for text in params.stop), default=0)
+        if longest > self.limits.max_stop_string_chars:
+            raise InvalidRequestError(
+                "sampling.stop",
+                f"every stop string at most {self.limits.max_stop_string_chars} characters, "
+                f"got {longest}",
+            )
 
     def _request_id(self, request: generation_pb2.GenerateRequest) -> str:
         if not request.HasField("request_id"):
@@ -117,7 +142,10 @@ class RequestValidator:
             raise InvalidRequestError(
                 "prompt", "must not be empty (set prompt or prompt_token_ids)"
             )
-        return tuple(await self._encode(request.prompt))
+        token_ids = tuple(await self._encode(request.prompt))
+        if not token_ids:  # e.g. only control characters the tokenizer drops
+            raise InvalidRequestError("prompt", "tokenizes to no tokens")
+        return token_ids
 
     async def _encode(self, text: str) -> list[int]:
         if len(text) <= _INLINE_TOKENIZE_CHARS:
@@ -127,11 +155,20 @@ class RequestValidator:
     def _check_length(
         self, request: generation_pb2.GenerateRequest, prompt_len: int, max_tokens: int
     ) -> None:
-        context = self.limits.max_position
-        if prompt_len >= context:
+        limits = self.limits
+        context = limits.max_position
+        if prompt_len > limits.max_prompt_tokens:
             field = request.WhichOneof("input") or "prompt"
             raise InvalidRequestError(
-                field, f"{prompt_len} tokens leave no room in the model's context of {context}"
+                field,
+                f"{prompt_len} tokens, above limits.max_prompt_tokens ({limits.max_prompt_tokens}: "
+                f"--max-prompt-tokens within the model's context of {context})",
+            )
+        if max_tokens > limits.max_tokens:
+            raise InvalidRequestError(
+                "sampling.max_tokens",
+                f"{max_tokens}, above limits.max_tokens ({limits.max_tokens}: --max-tokens "
+                f"within the model's context of {context})",
             )
         if prompt_len + max_tokens > context:
             raise InvalidRequestError(

@@ -20,6 +20,7 @@ PACKAGE_DIRS = {
     "router": "router",
     "loadtest": "loadtest",
     "bench": "bench",
+    "planner": "planner",
     "v1": "protos/pdserve/v1",
 }
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.kv_cache import DTYPES
-from pdserve.core.serving.server import ServerConfig
+from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig
+from pdserve.core.serving.tls import server_tls
 
 if TYPE_CHECKING:
     from pdserve.core.transfer.ucx_runtime import UcxConfig
@@ -78,6 +79,31 @@ def add_server_arguments(parser: argparse.ArgumentParser, port: int, metrics_por
     add_flag(group, "--port", int, port, "gRPC port")
     add_flag(group, "--metrics-port", int, metrics_port, "Prometheus /metrics HTTP port")
     add_flag(group, "--drain-grace-seconds", float, 30.0, "time in-flight work gets on SIGTERM")
+    add_flag(
+        group,
+        "--max-message-bytes",
+        int,
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent (bigger ones end RESOURCE_EXHAUSTED)",
+    )
+    add_tls_server_arguments(parser)
+
+
+def add_tls_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TLS (docs/security.md; plaintext when no --tls-cert)")
+    add_flag(group, "--tls-cert", Path, None, "PEM certificate (chain) this server presents")
+    add_flag(group, "--tls-key", Path, None, "PEM private key of --tls-cert")
+    add_flag(
+        group, "--tls-client-ca", Path, None, "PEM CA bundle: require client certs it signed (mTLS)"
+    )
+    add_flag(
+        group,
+        "--tls-allowed-clients",
+        str,
+        "",
+        "comma-separated names (SAN DNS/URI or CN) one of which a client cert must carry",
+    )
+    add_flag(group, "--health-port", int, None, "plaintext port serving only gRPC health (probes)")
 
 
 def parse_bool(text: str) -> bool:
@@ -117,4 +143,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         metrics_port=args.metrics_port,
         drain_grace_seconds=args.drain_grace_seconds,
+        max_message_bytes=args.max_message_bytes,
+        tls=server_tls(args.tls_cert, args.tls_key, args.tls_client_ca, args.tls_allowed_clients),
+        health_port=args.health_port,
     )

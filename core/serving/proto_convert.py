@@ -6,8 +6,6 @@ Errors are InvalidRequestError whose field names follow the proto (`sampling.max
 
 from __future__ import annotations
 
-import math
-
 from pdserve.core.kv_cache import KVLayout
 from pdserve.core.outputs import FinishReason
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
@@ -27,9 +25,6 @@ _FINISH_REASONS_BACK = {value: key for key, value in _FINISH_REASONS.items()}
 def sampling_from_proto(message: common_pb2.SamplingParams, priority: int) -> SamplingParams:
     """A validated SamplingParams; raises InvalidRequestError naming `sampling.<field>`."""
     top_p = message.top_p if message.top_p != 0 else 1.0
-    if math.isnan(message.temperature) or math.isnan(top_p):
-        field = "temperature" if math.isnan(message.temperature) else "top_p"
-        raise InvalidRequestError(f"sampling.{field}", "must be a number, got NaN")
     try:
         return SamplingParams(
             max_tokens=message.max_tokens or DEFAULT_MAX_TOKENS,

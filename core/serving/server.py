@@ -4,6 +4,11 @@ Health: `""` is liveness (SERVING while the process runs); the service's own nam
 (NOT_SERVING while loading or draining). On SIGTERM/SIGINT readiness goes NOT_SERVING first so
 load balancers stop sending; servicers refuse new work (UNAVAILABLE) while in-flight work gets up
 to the grace period to finish; then the server stops.
+
+Every server bounds message sizes (--max-message-bytes, both ways), refuses undecodable requests
+with INVALID_ARGUMENT (`request_guard`), and serves TLS / mTLS when given certificates (`tls`).
+With TLS on, --health-port serves the health service alone in plaintext, for probes that cannot
+speak TLS (Kubernetes' gRPC probes); health carries no data and takes no work.
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from pdserve.core.serving.request_guard import RequestGuard
+from pdserve.core.serving.tls import ServerTls, allowed_peers, server_credentials
+
 log = logging.getLogger(__name__)
 
 LIVENESS = ""
 _DRAIN_POLL_S = 0.05
 _FINAL_STOP_GRACE_S = 1.0
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # grpc's own receive default, now for sends too
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,21 @@ class ServerConfig:
     port: int
     metrics_port: int
     drain_grace_seconds: float
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    tls: ServerTls | None = None
+    health_port: int | None = None  # plaintext health only; used when TLS is on
+
+    def __post_init__(self) -> None:
+        if self.max_message_bytes < 1:
+            raise ValueError(f"--max-message-bytes: must be >= 1, got {self.max_message_bytes}")
+
+
+def message_limits(max_bytes: int) -> list[tuple[str, int]]:
+    """grpc options bounding each message either way (servers and the router's channels)."""
+    return [
+        ("grpc.max_receive_message_length", max_bytes),
+        ("grpc.max_send_message_length", max_bytes),
+    ]
 
 
 class ServiceHost:
@@ -41,24 +65,48 @@ class ServiceHost:
     def __init__(self, config: ServerConfig, readiness_name: str, service_names: list[str]) -> None:
         self.config = config
         self.readiness_name = readiness_name
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        names = config.tls.allowed_clients if config.tls is not None else ()
+        check_peer = allowed_peers(names) if names else None
+        self.server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), *message_limits(config.max_message_bytes)],
+            interceptors=[RequestGuard(check_peer)],
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.health_server = self._plain_health_server()
         reflection.enable_server_reflection(
             [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
         self.draining = False
         self._stop = asyncio.Event()
 
+    def _plain_health_server(self) -> grpc.aio.Server | None:
+        if self.config.tls is None or self.config.health_port is None:
+            return None
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[RequestGuard()])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        return server
+
     async def start(self) -> None:
-        address = f"{self.config.host}:{self.config.port}"
-        if self.server.add_insecure_port(address) == 0:
+        config = self.config
+        address = f"{config.host}:{config.port}"
+        if config.tls is None:
+            bound = self.server.add_insecure_port(address)
+        else:
+            bound = self.server.add_secure_port(address, server_credentials(config.tls))
+        if bound == 0:
             raise OSError(f"port: cannot bind gRPC to {address}")
-        prometheus_client.start_http_server(self.config.metrics_port, addr=self.config.host)
+        if self.health_server is not None:
+            health_address = f"{config.host}:{config.health_port}"
+            if self.health_server.add_insecure_port(health_address) == 0:
+                raise OSError(f"health-port: cannot bind gRPC to {health_address}")
+            await self.health_server.start()
+        prometheus_client.start_http_server(config.metrics_port, addr=config.host)
         await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         await self.set_ready(False)
         await self.server.start()
-        log.info("serving %s on %s", self.readiness_name, address)
+        mode = "plaintext" if config.tls is None else "TLS"
+        log.info("serving %s on %s (%s)", self.readiness_name, address, mode)
 
     async def set_ready(self, ready: bool) -> None:
         status = (
@@ -91,3 +139,5 @@ class ServiceHost:
         while not is_idle() and time.monotonic() < deadline:
             await asyncio.sleep(_DRAIN_POLL_S)
         await self.server.stop(_FINAL_STOP_GRACE_S)
+        if self.health_server is not None:
+            await self.health_server.stop(None)

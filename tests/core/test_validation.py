@@ -20,6 +20,10 @@ def llm(model_dir: Path) -> LLM:
     [
         ("max_tokens", lambda: SamplingParams(max_tokens=0)),
         ("temperature", lambda: SamplingParams(temperature=-0.5)),
+        ("temperature", lambda: SamplingParams(temperature=float("inf"))),
+        ("temperature", lambda: SamplingParams(temperature=float("nan"))),
+        ("top_p", lambda: SamplingParams(top_p=float("nan"))),
+        ("top_p", lambda: SamplingParams(top_p=float("-inf"))),
         ("top_p", lambda: SamplingParams(top_p=0.0)),
         ("top_p", lambda: SamplingParams(top_p=1.5)),
         ("top_k", lambda: SamplingParams(top_k=-1)),
@@ -41,8 +45,8 @@ def test_bad_sampling_params_name_the_field(field: str, make: object) -> None:
         ("prompt_token_ids", [], 4),
         ("prompt_token_ids", [1, 49152], 4),
         ("prompt_token_ids", [1, -2], 4),
-        ("max_tokens", [1] * 10, 8190),  # past the model's 8192-token context
-        ("max_tokens", [1] * 10, 2000),  # more blocks than the whole (64-block) cache
+        ("sampling.max_tokens", [1] * 10, 8190),  # past the model's 8192-token context
+        ("sampling.max_tokens", [1] * 10, 2000),  # more blocks than the whole (64-block) cache
     ],
 )
 def test_bad_requests_name_the_field_and_lose_nothing(

@@ -129,6 +129,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "ucx": {"netDevices": "eth0", "tcpPortRange": "50100-50200"},
         "model": {"volume": {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}}},
     },
+    "tls-and-network-policy": {
+        "tls": {
+            "enabled": True,
+            "routerSecret": "pdserve-router-tls",
+            "prefillSecret": "pdserve-prefill-tls",
+            "decodeSecret": "pdserve-decode-tls",
+            "routerClientName": "pdserve-router",
+        },
+        "networkPolicy": {"enabled": True},
+        "ucx": {"tcpPortRange": "50100-50200"},
+        "router": {"maxPromptTokens": 4096, "maxTokens": 1024},
+    },
 }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.cluster import Cluster, ClusterSpec, ClusterTls
 
 # Small pools keep five processes within the CI machine's memory.
 WORKER_ARGS = ("--num-kv-blocks", "256", "--num-swap-blocks", "64")
@@ -43,6 +43,7 @@ def start_cluster(
     router_args: tuple[str, ...] = (),
     worker_args: tuple[str, ...] = WORKER_ARGS,
     env: tuple[tuple[str, str], ...] = (),
+    tls: ClusterTls | None = None,
 ) -> Cluster:
     """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable)."""
     spec = ClusterSpec(
@@ -55,6 +56,7 @@ def start_cluster(
         router_args=router_args,
         env=UCX_ENV + env,
         drain_grace_seconds=5.0,
+        tls=tls,
     )
     cluster = Cluster(spec, log_dir)
     cluster.start()

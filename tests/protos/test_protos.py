@@ -104,7 +104,14 @@ def test_files_package_and_enum_prefixes(descriptor_set: descriptor_pb2.FileDesc
         ("Prefill", {"Prefill": False, "Load": False}),
         (
             "Decode",
-            {"Reserve": False, "Generate": True, "Release": False, "Abort": False, "Load": False},
+            {
+                "Reserve": False,
+                "Generate": True,
+                "GenerateLocal": True,
+                "Release": False,
+                "Abort": False,
+                "Load": False,
+            },
         ),
     ],
 )

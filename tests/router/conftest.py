@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient
-from pdserve.router.config import RouterConfig
+from pdserve.router.config import RequestCaps, RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.registry import Registry
 from pdserve.router.servicer import RouterServicer
@@ -41,7 +41,7 @@ StackFactory: TypeAlias = Callable[..., contextlib.AbstractAsyncContextManager[S
 
 @pytest.fixture(scope="session")
 def validator(model_dir: Path) -> RequestValidator:
-    return load_validator(model_dir, max_stop_strings=4)
+    return load_validator(model_dir, RequestCaps(max_stop_strings=4))
 
 
 @pytest.fixture

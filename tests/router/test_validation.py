@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -10,7 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pdserve.core.sampling_params import InvalidRequestError
-from pdserve.router.validation import RequestValidator
+from pdserve.router.config import RequestCaps
+from pdserve.router.validation import ModelLimits, RequestValidator
 from pdserve.v1 import common_pb2, generation_pb2
 
 VOCAB = 49152
@@ -37,6 +40,14 @@ BAD_REQUESTS = [
         "sampling.temperature",
     ),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(top_p=1.5)), "sampling.top_p"),
+    *(
+        (
+            request(prompt="hi", sampling=common_pb2.SamplingParams(**{name: value})),
+            f"sampling.{name}",
+        )
+        for name in ("temperature", "top_p")
+        for value in (math.inf, -math.inf, math.nan)
+    ),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(top_k=-2)), "sampling.top_k"),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(stop=["a"] * 5)), "sampling.stop"),
     (request(prompt="hi", sampling=common_pb2.SamplingParams(stop=[""])), "sampling.stop"),
@@ -89,3 +100,32 @@ def test_server_answers_invalid_argument_and_asks_no_worker(router_stack: Any) -
     asyncio.run(body())
     after = REGISTRY.get_sample_value("pdserve_router_requests_total", labels)
     assert after == before + len(BAD_REQUESTS)
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (ids(*range(1, 12)), "prompt_token_ids"),
+        (request(prompt="one two three four five six seven eight nine ten eleven"), "prompt"),
+        (ids(1, 2, sampling=common_pb2.SamplingParams(max_tokens=21)), "sampling.max_tokens"),
+        (request(prompt="hi", sampling=common_pb2.SamplingParams(stop=["x" * 9])), "sampling.stop"),
+        (
+            request(prompt="hi", sampling=common_pb2.SamplingParams(stop_token_ids=[1, 2, 3])),
+            "sampling.stop_token_ids",
+        ),
+    ],
+)
+def test_flag_caps_name_the_field(
+    validator: RequestValidator, model_dir: Path, bad: generation_pb2.GenerateRequest, field: str
+) -> None:
+    caps = RequestCaps(
+        max_prompt_tokens=10, max_tokens=20, max_stop_strings=2, max_stop_string_chars=8
+    )
+    capped = RequestValidator(validator.tokenizer, ModelLimits.from_model_dir(model_dir, caps))
+    assert (capped.limits.max_prompt_tokens, capped.limits.max_tokens) == (10, 20)
+    with pytest.raises(InvalidRequestError) as caught:
+        asyncio.run(capped.validate(bad))
+    assert caught.value.field == field
+    asyncio.run(
+        capped.validate(ids(*range(1, 11), sampling=common_pb2.SamplingParams(max_tokens=20)))
+    )

@@ -16,12 +16,48 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- with $cfg.maxQueue }}
 - --max-queue={{ . }}
 {{- end }}
+{{- with $cfg.maxPromptTokens }}
+- --max-prompt-tokens={{ . }}
+{{- end }}
+{{- with $cfg.maxTokens }}
+- --max-tokens={{ . }}
+{{- end }}
 {{- else }}
 - --model={{ .root.Values.model.path }}
 {{- end }}
+{{- include "pdserve.tlsArgs" . }}
 {{- range $cfg.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* TLS flags from the role's mounted Secret (values.tls; docs/security.md). */}}
+{{- define "pdserve.tlsArgs" -}}
+{{- $tls := .root.Values.tls -}}
+{{- if $tls.enabled }}
+- --tls-cert=/etc/pdserve/tls/tls.crt
+- --tls-key=/etc/pdserve/tls/tls.key
+- --health-port={{ $tls.healthPort }}
+{{- if eq .role "router" }}
+- --worker-tls-ca=/etc/pdserve/tls/ca.crt
+- --worker-tls-cert=/etc/pdserve/tls/tls.crt
+- --worker-tls-key=/etc/pdserve/tls/tls.key
+- --worker-tls-server-name={{ include "pdserve.workerServerName" .root }}
+{{- else }}
+- --tls-client-ca=/etc/pdserve/tls/ca.crt
+{{- with $tls.routerClientName }}
+- --tls-allowed-clients={{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "pdserve.workerServerName" -}}
+{{- .Values.tls.workerServerName | default (printf "%s-worker" (include "pdserve.fullname" .)) -}}
+{{- end -}}
+
+{{- define "pdserve.probePort" -}}
+{{- if .root.Values.tls.enabled }}{{ .root.Values.tls.healthPort }}{{ else }}{{ (index .root.Values .role).port }}{{ end -}}
 {{- end -}}
 
 {{- define "pdserve.env" -}}
@@ -127,21 +163,26 @@ spec:
         - name: metrics
           containerPort: {{ $cfg.metricsPort }}
           protocol: TCP
+        {{- if $root.Values.tls.enabled }}
+        - name: health
+          containerPort: {{ $root.Values.tls.healthPort }}
+          protocol: TCP
+        {{- end }}
       startupProbe:
         grpc:
-          port: {{ $cfg.port }}
+          port: {{ include "pdserve.probePort" . }}
           service: {{ $health }}
         periodSeconds: {{ $cfg.startupProbe.periodSeconds }}
         failureThreshold: {{ $cfg.startupProbe.failureThreshold }}
       readinessProbe:
         grpc:
-          port: {{ $cfg.port }}
+          port: {{ include "pdserve.probePort" . }}
           service: {{ $health }}
         periodSeconds: 5
         failureThreshold: 2
       livenessProbe:
         grpc:
-          port: {{ $cfg.port }}
+          port: {{ include "pdserve.probePort" . }}
           service: ""
         periodSeconds: 10
         failureThreshold: 3
@@ -159,6 +200,11 @@ spec:
           mountPath: {{ $root.Values.model.path }}
           readOnly: true
         {{- end }}
+        {{- if $root.Values.tls.enabled }}
+        - name: tls
+          mountPath: /etc/pdserve/tls
+          readOnly: true
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir:
@@ -169,6 +215,12 @@ spec:
     {{- if and (ne .role "router") $root.Values.model.volume }}
     - name: model
       {{- toYaml $root.Values.model.volume | nindent 6 }}
+    {{- end }}
+    {{- if $root.Values.tls.enabled }}
+    - name: tls
+      secret:
+        secretName: {{ required (printf "tls.%sSecret: needed while tls.enabled" .role) (index $root.Values.tls (printf "%sSecret" .role)) }}
+        defaultMode: 0440
     {{- end }}
   {{- with $cfg.nodeSelector }}
   nodeSelector:

@@ -1,0 +1,66 @@
+"""The plan as values for helm/pdserve: replicas per tier, engine settings, and HPAs on the metrics
+the chart's HPAs use (prefill: `pdserve_prefill_queue_depth`, decode:
+`pdserve_decode_running_requests`).
+
+minReplicas is the plan at the target rate; maxReplicas scales it by peak / target rate (worker
+counts grow about linearly with rate once a tier is busy). Each HPA's target is the per-pod
+average the simulation saw at the target rate, rounded up: above it, the tier has more load than
+the plan was sized for. With no prefill workers (colocated) the prefill tier is off (0 replicas,
+no HPA: an HPA cannot hold a Deployment at zero).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pdserve.planner.plan import Candidate
+
+PREFILL_METRIC = "pdserve_prefill_queue_depth"
+DECODE_METRIC = "pdserve_decode_running_requests"
+
+
+def helm_values(plan: Candidate, rate: float, peak_rate: float) -> dict[str, Any]:
+    deployment = plan.deployment
+    scale = max(peak_rate / rate, 1.0)
+    values: dict[str, Any] = {
+        "prefill": _tier(deployment.num_prefill, scale, PREFILL_METRIC, plan.prefill_load,
+                         _engine(plan, "prefill")),
+        "decode": _tier(deployment.num_decode, scale, DECODE_METRIC, plan.decode_running,
+                        _engine(plan, "decode")),
+    }  # fmt: skip
+    if deployment.num_prefill and deployment.disagg_threshold:
+        values["router"] = {"extraArgs": ["--disagg-threshold", str(deployment.disagg_threshold)]}
+    return values
+
+
+def _engine(plan: Candidate, tier: str) -> dict[str, int]:
+    config = getattr(plan.deployment, f"{tier}_config")
+    return {
+        "maxNumSeqs": config.max_num_seqs,
+        "maxNumBatchedTokens": config.max_num_batched_tokens,
+        "numKvBlocks": config.num_kv_blocks,
+        "numSwapBlocks": config.num_swap_blocks,
+    }
+
+
+def _tier(
+    replicas: int, scale: float, metric: str, per_pod: float, engine: dict[str, int]
+) -> dict[str, Any]:
+    if replicas == 0:
+        return {"replicas": 0, "autoscaling": {"enabled": False}, "engine": engine}
+    return {
+        "replicas": replicas,
+        "engine": engine,
+        "autoscaling": {
+            "enabled": True,
+            "minReplicas": replicas,
+            "maxReplicas": max(math.ceil(replicas * scale), replicas),
+            "cpu": {"enabled": False},
+            "podsMetric": {
+                "enabled": True,
+                "name": metric,
+                "targetAverageValue": str(max(math.ceil(per_pod), 1)),
+            },
+        },
+    }

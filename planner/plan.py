@@ -1,0 +1,141 @@
+"""The search: the cheapest deployment (fewest workers) whose simulated TTFT p90 and ITL p99 meet
+the SLOs at the target rate.
+
+Worker counts grow one at a time; at each total every prefill/decode split is tried (0 prefill is
+the colocated mode), each with a few engine settings (max_num_seqs, chunk budget) and, when it
+has prefill workers, a few disaggregation thresholds (0 and the workload's prompt-length
+quartiles). The first total with a candidate that meets both SLOs wins, and among its candidates
+the one with the lowest TTFT p90. Every candidate tried is kept for the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from pdserve.core.config import EngineConfig
+from pdserve.planner.profile import Profile
+from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
+from pdserve.planner.sim_report import summarize
+from pdserve.planner.sim_worker import Role
+from pdserve.planner.workload import TraceRequest
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_p90_s: float
+    itl_p99_s: float
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    max_workers: int = 16
+    max_num_seqs: tuple[int, ...] = (16, 64)
+    chunk_budgets: tuple[int, ...] = (256, 2048)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    deployment: Deployment
+    ttft_p90: float
+    itl_p99: float
+    throughput: float
+    completed_fraction: float
+    prefill_load: float  # mean prompts in a prefill worker (waiting + running)
+    decode_running: float  # mean requests running in a decode worker
+    meets: bool
+
+    @property
+    def workers(self) -> int:
+        return self.deployment.num_prefill + self.deployment.num_decode
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    tried: tuple[Candidate, ...]
+    best: Candidate | None
+
+
+def search(
+    profile: Profile,
+    requests: list[TraceRequest],
+    slo: Slo,
+    base: EngineConfig,
+    space: SearchSpace = SearchSpace(),
+    progress: Callable[[Candidate], None] = lambda candidate: None,
+) -> PlanResult:
+    tried: list[Candidate] = []
+    for total in range(1, space.max_workers + 1):
+        at_total = []
+        for deployment in deployments(total, base, space, requests):
+            candidate = evaluate(deployment, profile, requests, slo)
+            progress(candidate)
+            at_total.append(candidate)
+        tried.extend(at_total)
+        meeting = [c for c in at_total if c.meets]
+        if meeting:
+            return PlanResult(tuple(tried), min(meeting, key=lambda c: c.ttft_p90))
+    return PlanResult(tuple(tried), None)
+
+
+def deployments(
+    total: int, base: EngineConfig, space: SearchSpace, requests: list[TraceRequest]
+) -> Iterator[Deployment]:
+    prompts = sorted(r.prompt_tokens for r in requests)
+    quartiles = (
+        sorted({round(q) for q in statistics.quantiles(prompts, n=4)}) if len(prompts) > 1 else []
+    )
+    for seqs in space.max_num_seqs:
+        for budget in space.chunk_budgets:
+            engine = replace(base, max_num_seqs=seqs, max_num_batched_tokens=budget)
+            for num_prefill in range(total):
+                thresholds = [0, *quartiles] if num_prefill else [0]
+                for threshold in thresholds:
+                    yield Deployment(num_prefill, total - num_prefill, engine, engine, threshold)
+
+
+def evaluate(
+    deployment: Deployment, profile: Profile, requests: list[TraceRequest], slo: Slo
+) -> Candidate:
+    result = ClusterSim(deployment, profile).run(requests)
+    summary = summarize(result)
+    completed = summary["completed"] / max(summary["requests"], 1)
+    return Candidate(
+        deployment=deployment,
+        ttft_p90=summary["ttft_p90"],
+        itl_p99=summary["itl_p99"],
+        throughput=summary["throughput_tokens_per_s"],
+        completed_fraction=completed,
+        prefill_load=_mean_load(result, Role.PREFILL),
+        decode_running=_mean_running(result),
+        meets=completed == 1.0
+        and summary["ttft_p90"] <= slo.ttft_p90_s
+        and summary["itl_p99"] <= slo.itl_p99_s,
+    )
+
+
+def _mean_load(result: SimResult, role: Role) -> float:
+    samples = [u.waiting + u.running for u in result.usage if u.worker.startswith(role.value)]
+    return statistics.fmean(samples) if samples else 0.0
+
+
+def _mean_running(result: SimResult) -> float:
+    samples = [u.running for u in result.usage if u.worker.startswith(Role.DECODE.value)]
+    return statistics.fmean(samples) if samples else 0.0
+
+
+TABLE_HEADER = (
+    f"{'config':12} {'seqs':>4} {'budget':>6} {'TTFT p90':>9} {'ITL p99':>8} "
+    f"{'tok/s':>7} {'done':>5}  meets"
+)
+
+
+def format_row(candidate: Candidate) -> str:
+    engine = candidate.deployment.decode_config
+    return (
+        f"{candidate.deployment.name:12} {engine.max_num_seqs:4} "
+        f"{engine.max_num_batched_tokens:6} {candidate.ttft_p90:8.3f}s "
+        f"{candidate.itl_p99 * 1e3:6.0f}ms {candidate.throughput:7.1f} "
+        f"{candidate.completed_fraction:5.0%}  {'yes' if candidate.meets else 'no'}"
+    )

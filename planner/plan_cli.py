@@ -1,0 +1,92 @@
+"""`pdserve plan --profile FILE --workload SPEC --rate R --slo-ttft-p90 S --slo-itl-p99 S
+--out values.yaml`: the cheapest deployment that meets the SLOs, as Helm values for helm/pdserve."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
+from pdserve.planner.helm_values import helm_values
+from pdserve.planner.plan import (
+    TABLE_HEADER,
+    Candidate,
+    SearchSpace,
+    Slo,
+    format_row,
+    search,
+)
+from pdserve.planner.profile import ProfileError, load_profile
+from pdserve.planner.workload import (
+    PoissonSpec,
+    TraceRequest,
+    Workload,
+    WorkloadSpecError,
+    load_spec,
+    requests_of,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", type=Path, required=True, help="from `pdserve profile`")
+    parser.add_argument("--workload", type=Path, required=True, help="JSONL trace or Poisson JSON")
+    parser.add_argument("--rate", type=float, required=True, help="target requests per second")
+    parser.add_argument("--slo-ttft-p90", type=float, required=True, help="seconds")
+    parser.add_argument("--slo-itl-p99", type=float, required=True, help="seconds")
+    parser.add_argument("--out", type=Path, required=True, help="Helm values file to write")
+    parser.add_argument("--peak-rate", type=float, help="rate the HPAs' maxReplicas cover (2x)")
+    parser.add_argument("--max-workers", type=int, default=16, help="largest total to try")
+    add_engine_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        _check_positive(args)
+        profile = load_profile(args.profile)
+        requests = at_rate(load_spec(args.workload), args.rate)
+    except (ProfileError, WorkloadSpecError, ValueError) as error:
+        print(f"pdserve plan: {error}", file=sys.stderr)
+        return 2
+    slo = Slo(args.slo_ttft_p90, args.slo_itl_p99)
+    space = SearchSpace(max_workers=args.max_workers)
+    print(TABLE_HEADER, flush=True)
+    result = search(profile, requests, slo, engine_config_from_args(args), space, _print_row)
+    if result.best is None:
+        print(f"pdserve plan: no deployment of up to {args.max_workers} workers meets the SLOs")
+        return 1
+    peak = args.peak_rate if args.peak_rate is not None else 2 * args.rate
+    values = helm_values(result.best, args.rate, peak)
+    header = (
+        f"# pdserve plan: {result.best.deployment.name} at {args.rate} req/s, TTFT p90 <= "
+        f"{args.slo_ttft_p90} s, ITL p99 <= {args.slo_itl_p99} s (profile {args.profile.name})\n"
+    )
+    args.out.write_text(header + yaml.safe_dump(values, sort_keys=False))
+    print(f"plan: {format_row(result.best)}\nwrote {args.out}")
+    return 0
+
+
+def _print_row(candidate: Candidate) -> None:
+    print(format_row(candidate), flush=True)
+
+
+def _check_positive(args: argparse.Namespace) -> None:
+    for flag in ("rate", "slo_ttft_p90", "slo_itl_p99", "max_workers"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be > 0")
+    if args.peak_rate is not None and args.peak_rate < args.rate:
+        raise ValueError("--peak-rate: must be >= --rate")
+
+
+def at_rate(workload: Workload, rate: float) -> list[TraceRequest]:
+    """The workload at `rate`: a Poisson SPEC's own rate replaced; a trace's arrivals rescaled."""
+    if isinstance(workload, PoissonSpec):
+        return workload.with_rate(rate).requests()
+    requests = requests_of(workload)
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    if span <= 0:
+        raise WorkloadSpecError("workload: a trace needs arrivals spread over time to rescale")
+    stretch = (len(requests) - 1) / span / rate
+    return [TraceRequest(r.arrival_s * stretch, r.prompt_tokens, r.output_tokens) for r in requests]

@@ -1,0 +1,154 @@
+"""Workload SPECs: a JSONL trace, or a JSON object describing a Poisson process.
+
+Trace, one request a line: `{"arrival_s": 0.12, "prompt_tokens": 87, "output_tokens": 140}`.
+Poisson: `{"rate": 2.0, "duration_s": 600, "prompt_tokens": {"min": 10, "max": 100},
+"output_tokens": {"min": 20, "max": 200}}` (uniform ranges, both ends inclusive), with an optional
+`"seed"` (default 0) so that every command given the same SPEC sees the same requests.
+A file whose first non-blank character is `{` and that parses as one JSON object is a Poisson
+SPEC; anything else is read as JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class WorkloadSpecError(ValueError):
+    """A SPEC that cannot be used; the message names the field (and the line of a trace)."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenRange:
+    min: int
+    max: int
+
+    def draw(self, rng: random.Random) -> int:
+        return rng.randint(self.min, self.max)
+
+
+@dataclass(frozen=True)
+class PoissonSpec:
+    rate: float
+    duration_s: float
+    prompt_tokens: TokenRange
+    output_tokens: TokenRange
+    seed: int = 0
+
+    def requests(self) -> list[TraceRequest]:
+        """Exponential gaps at `rate` until `duration_s`; lengths drawn uniformly."""
+        rng = random.Random(self.seed)
+        requests: list[TraceRequest] = []
+        now = rng.expovariate(self.rate)
+        while now < self.duration_s:
+            prompt, output = self.prompt_tokens.draw(rng), self.output_tokens.draw(rng)
+            requests.append(TraceRequest(now, prompt, output))
+            now += rng.expovariate(self.rate)
+        return requests
+
+    def with_rate(self, rate: float) -> PoissonSpec:
+        return PoissonSpec(rate, self.duration_s, self.prompt_tokens, self.output_tokens, self.seed)
+
+
+Workload = PoissonSpec | tuple[TraceRequest, ...]
+
+
+def load_spec(path: Path) -> Workload:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise WorkloadSpecError(f"workload: cannot read {path}: {error.strerror}") from error
+    return parse_spec(text, str(path))
+
+
+def parse_spec(text: str, source: str) -> Workload:
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # several objects: a trace
+        if isinstance(data, dict) and "rate" in data:
+            return parse_poisson(data)
+    return parse_trace(text, source)
+
+
+def requests_of(workload: Workload) -> list[TraceRequest]:
+    return workload.requests() if isinstance(workload, PoissonSpec) else list(workload)
+
+
+def parse_poisson(data: dict[str, Any]) -> PoissonSpec:
+    known = {"rate", "duration_s", "prompt_tokens", "output_tokens", "seed"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise WorkloadSpecError(f"{unknown[0]}: unknown key (known: {sorted(known)})")
+    rate = _positive_number(data, "rate")
+    duration = _positive_number(data, "duration_s")
+    seed = data.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise WorkloadSpecError("seed: must be an integer")
+    return PoissonSpec(
+        rate, duration, _range(data, "prompt_tokens"), _range(data, "output_tokens"), seed
+    )
+
+
+def parse_trace(text: str, source: str) -> tuple[TraceRequest, ...]:
+    requests: list[TraceRequest] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{source} line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise WorkloadSpecError(f"{where}: not valid JSON: {error.msg}") from error
+        if not isinstance(item, dict):
+            raise WorkloadSpecError(f"{where}: must be a JSON object")
+        requests.append(_trace_request(item, where))
+    if not requests:
+        raise WorkloadSpecError(f"workload: {source} holds no requests")
+    return tuple(sorted(requests, key=lambda request: request.arrival_s))
+
+
+def _trace_request(item: dict[str, Any], where: str) -> TraceRequest:
+    arrival = item.get("arrival_s")
+    if isinstance(arrival, bool) or not isinstance(arrival, int | float) or arrival < 0:
+        raise WorkloadSpecError(f"arrival_s: must be a number >= 0 ({where})")
+    return TraceRequest(
+        float(arrival),
+        _count(item.get("prompt_tokens"), "prompt_tokens", where),
+        _count(item.get("output_tokens"), "output_tokens", where),
+    )
+
+
+def _positive_number(data: dict[str, Any], name: str) -> float:
+    value = data.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise WorkloadSpecError(f"{name}: must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _range(data: dict[str, Any], name: str) -> TokenRange:
+    value = data.get(name)
+    if not isinstance(value, dict) or set(value) != {"min", "max"}:
+        raise WorkloadSpecError(f'{name}: must be {{"min": N, "max": M}}, got {value!r}')
+    low = _count(value["min"], f"{name}.min", "spec")
+    high = _count(value["max"], f"{name}.max", "spec")
+    if low > high:
+        raise WorkloadSpecError(f"{name}: min ({low}) must not exceed max ({high})")
+    return TokenRange(low, high)
+
+
+def _count(value: object, name: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise WorkloadSpecError(f"{name}: must be an integer >= 1, got {value!r} ({where})")
+    return value

@@ -1,0 +1,133 @@
+"""The simulator on cases with known answers: one request through each mode, M/D/1 queueing, and
+the step counts of static and continuous batching over the bench workloads."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+import pytest
+
+from pdserve.bench.offline_workload import WORKLOAD_DIR, load_workload
+from pdserve.core.config import EngineConfig
+from pdserve.core.scheduler import Scheduler
+from pdserve.core.static_scheduler import StaticScheduler
+from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
+from pdserve.planner.sim_report import summarize
+from pdserve.planner.workload import TraceRequest
+from tests.planner.helpers import fixed_step_profile
+
+STEP = 0.05
+
+
+def _run(deployment: Deployment, requests: list[TraceRequest], **profile: float) -> SimResult:
+    return ClusterSim(deployment, fixed_step_profile(STEP, **profile)).run(requests)
+
+
+@pytest.mark.parametrize("deployment", [Deployment(0, 1), Deployment(1, 1), Deployment(2, 3)])
+def test_one_request_takes_one_step_per_token(deployment: Deployment) -> None:
+    """Colocated: the prompt's step samples token 1. Disaggregated: prefill samples it, the KV
+    lands at once, decode admits it then. Either way token k comes at k steps."""
+    journey = _run(deployment, [TraceRequest(1.0, 40, 5)]).journeys[0]
+    assert journey.token_times == pytest.approx([1.0 + STEP * k for k in range(1, 6)])
+
+
+def test_kv_delivery_delays_the_first_token_and_nothing_after() -> None:
+    per_block = 0.01
+    result = _run(Deployment(1, 1), [TraceRequest(0.0, 40, 3)], delivery_s_per_block=per_block)
+    journey = result.journeys[0]
+    delivery = 3 * per_block  # 40 tokens = 3 blocks of 16
+    assert journey.token_times == pytest.approx(
+        [STEP + delivery, 2 * STEP + delivery, 3 * STEP + delivery]
+    )
+
+
+def test_one_worker_one_slot_is_an_md1_queue() -> None:
+    """One request per step (max_num_seqs 1, one output token): M/D/1 with service STEP, whose
+    mean wait is rho * STEP / (2 (1 - rho)) (Pollaczek-Khinchine)."""
+    rho = 0.6
+    rng = random.Random(7)
+    now, requests = 0.0, []
+    for _ in range(40_000):
+        now += rng.expovariate(rho / STEP)
+        requests.append(TraceRequest(now, 8, 1))
+    config = EngineConfig(max_num_seqs=1)
+    result = _run(Deployment(0, 1, decode_config=config), requests)
+    expected = STEP + rho * STEP / (2 * (1 - rho))
+    assert summarize(result)["ttft_mean"] == pytest.approx(expected, rel=0.03)
+
+
+def test_a_request_arriving_mid_step_waits_for_the_step_to_end() -> None:
+    result = _run(Deployment(0, 1), [TraceRequest(0.0, 8, 4), TraceRequest(0.02, 8, 1)])
+    assert result.journeys[1].token_times == pytest.approx([2 * STEP])
+
+
+def _static_steps(lengths: list[int], batch: int) -> int:
+    """Whole batches in order: each runs as long as its longest request."""
+    return sum(max(lengths[i : i + batch]) for i in range(0, len(lengths), batch))
+
+
+def _continuous_steps(lengths: list[int], slots: int) -> int:
+    """A request holds a slot for exactly its length in steps, from the step after a slot frees
+    (list scheduling on `slots` machines)."""
+    free_at = [0] * slots
+    for length in lengths:
+        start = heapq.heappop(free_at)
+        heapq.heappush(free_at, start + length)
+    return max(free_at)
+
+
+@pytest.mark.parametrize("workload", ["mixed.json", "uniform.json"])
+@pytest.mark.parametrize("slots", [8, 64])
+@pytest.mark.parametrize("scheduler", [Scheduler, StaticScheduler])
+def test_bench_workload_step_counts(workload: str, slots: int, scheduler: type[Scheduler]) -> None:
+    items = load_workload(WORKLOAD_DIR / workload)
+    requests = [TraceRequest(0.0, len(item.prompt), item.max_tokens) for item in items]
+    # A budget above every prompt's total, so joining requests never wait for budget.
+    config = EngineConfig(max_num_seqs=slots, num_kv_blocks=4096, max_num_batched_tokens=8192)
+    sim = ClusterSim(Deployment(0, 1, decode_config=config), fixed_step_profile(STEP), scheduler)
+    result = sim.run(requests)
+    lengths = [item.max_tokens for item in items]
+    expected = (
+        _static_steps(lengths, slots)
+        if scheduler is StaticScheduler
+        else _continuous_steps(lengths, slots)
+    )
+    assert result.num_steps == expected
+    assert summarize(result)["completed"] == len(items)
+
+
+def test_a_small_cache_preempts_and_every_request_still_finishes() -> None:
+    requests = [TraceRequest(0.01 * i, 60, 80) for i in range(12)]
+    config = EngineConfig(num_kv_blocks=24, num_swap_blocks=8, max_num_seqs=8)
+    result = _run(Deployment(1, 1, decode_config=config), requests)
+    assert result.num_preemptions > 0
+    assert all(len(j.token_times) == j.output_tokens for j in result.journeys)
+
+
+def test_threshold_sends_short_prompts_to_decode() -> None:
+    """With a threshold, a short prompt skips the prefill tier (its first token comes from decode's
+    own step) and a long one takes it (its KV delivery shows in its TTFT)."""
+    per_block = 0.01
+    deployment = Deployment(1, 1, disagg_threshold=32)
+    short, long = _run(
+        deployment,
+        [TraceRequest(0.0, 20, 1), TraceRequest(10.0, 40, 1)],
+        delivery_s_per_block=per_block,
+    ).journeys
+    assert short.token_times == pytest.approx([STEP])
+    assert long.token_times == pytest.approx([10.0 + STEP + 3 * per_block])
+
+
+def test_a_saturated_prefill_tier_sends_long_prompts_to_decode() -> None:
+    """The router's rule: with one prefill call in flight per worker allowed, a long prompt that
+    arrives while one is in flight is prefilled on decode."""
+    per_block = 0.01
+    deployment = Deployment(1, 1, disagg_threshold=8, max_prefill_queue=1)
+    first, second = _run(
+        deployment,
+        [TraceRequest(0.0, 40, 1), TraceRequest(0.001, 40, 1)],
+        delivery_s_per_block=per_block,
+    ).journeys
+    assert first.token_times == pytest.approx([STEP + 3 * per_block])  # through prefill
+    assert second.token_times == pytest.approx([0.001 + STEP])  # on decode
