@@ -5,7 +5,7 @@
 For each prompt size (default model layout: 30 layers, 3 KV heads, head_dim 64, block 16, float32)
 and transport it measures, in separate processes:
 - `ucx_perftest -t tag_bw` at the same message size and UCX_TLS (the ceiling for one UCX message);
-- pdserve's KVSender -> KVReceiver: send() called on prefill -> poll() answers DONE on decode
+- pdserve's KVSender -> KVReceiver: send_whole() called on prefill -> poll() answers DONE on decode
   (gather + wire + scatter), timed with CLOCK_MONOTONIC, which both processes share; the wire part
   alone (send posted after the gather -> receive seen complete before the scatter) is the figure
   comparable with perftest;
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from pdserve.core.kv_cache import KVCache, KVLayout
-from pdserve.core.transfer.staging import Staging
+from pdserve.core.transfer.staging import Staging, block_index
 
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype="float32")
 NUM_BLOCKS = 160
@@ -77,8 +77,10 @@ def _filled_cache(seed: int) -> KVCache:
 def _peer(conn: Connection, role: str, env: dict[str, str], polling: bool) -> None:
     """A prefill or decode process: answers ("expect"|"wait"|"send", args) until "stop"."""
     os.environ.update(env)
-    from pdserve.core.transfer.ucx import KVReceiver, KVSender
+    from pdserve.core.transfer.interface import send_whole
+    from pdserve.core.transfer.ucx import KVReceiver
     from pdserve.core.transfer.ucx_runtime import UcxConfig
+    from pdserve.core.transfer.ucx_sender import KVSender
 
     cache = _filled_cache(seed=1 if role == "prefill" else 2)
     config = UcxConfig(progress_polling=polling)
@@ -92,7 +94,7 @@ def _peer(conn: Connection, role: str, env: dict[str, str], polling: bool) -> No
             conn.send(_wait_done(peer, args[0]))
         elif isinstance(peer, KVSender) and name == "send":
             started = time.perf_counter()
-            conn.send((started, peer.send(args[0], cache, args[1], args[2]).result()))
+            conn.send((started, send_whole(peer, args[0], cache, args[1], args[2]).result()))
     peer.close()
 
 
@@ -205,15 +207,15 @@ def _grpc_server(conn: Connection, port: int) -> None:
     state: dict[str, Any] = {}
 
     def push(request: bytes, context: grpc.ServicerContext) -> bytes:
-        staging = state["staging"]
-        staging.raw.numpy()[:] = np.frombuffer(request, dtype=np.uint8)
-        staging.scatter_into(cache, state["blocks"])
+        piece = state["piece"]
+        piece.raw.numpy()[:] = np.frombuffer(request, dtype=np.uint8)
+        piece.scatter_into(cache, state["blocks"])
         return b""
 
     def prepare(request: bytes, context: grpc.ServicerContext) -> bytes:
         num_blocks = int(request)
-        state["staging"] = Staging(LAYOUT, num_blocks)
-        state["blocks"] = list(range(num_blocks))
+        state["piece"] = Staging(LAYOUT, num_blocks).pieces[0]
+        state["blocks"] = block_index(cache, list(range(num_blocks)))
         return b""
 
     handler = grpc.method_handlers_generic_handler(
@@ -252,11 +254,11 @@ def bench_grpc(cases: list[Case], iterations: int) -> dict[int, float]:
         for case in cases:
             prepare(str(case.num_blocks).encode())
             seconds = []
-            staging = Staging(LAYOUT, case.num_blocks)  # reused, as KVSender's pool does
+            piece = Staging(LAYOUT, case.num_blocks).pieces[0]  # reused, as KVSender's pool does
             for i in range(WARMUP + iterations):
                 started = time.perf_counter()
-                staging.gather_from(cache, case.blocks(seed=i), bytes(16))
-                push(staging.raw.numpy().tobytes())
+                piece.gather_from(cache, block_index(cache, case.blocks(seed=i)), bytes(16))
+                push(piece.raw.numpy().tobytes())
                 seconds.append(time.perf_counter() - started)
             results[case.prompt_tokens] = statistics.median(seconds[WARMUP:])
     parent.send("stop")

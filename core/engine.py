@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from pdserve.core.sampling_params import (
     InvalidRequestError,
     SamplingParams,
 )
-from pdserve.core.scheduler import Scheduler, blocks_for
+from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
 
 SAMPLE_SEPARATOR = "/"
 
@@ -206,10 +207,15 @@ class LLMEngine:
             request = self.requests[request_id]
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-        sampled = self.runner.execute(output, self.requests)
+        sampled = self.runner.execute(output, self.requests, self._after_layer(output))
         for request_id, num_new in output.num_scheduled_tokens.items():
             self.scheduler.record_computed(self.requests[request_id], num_new)
         return [self._append(self.requests[rid], token) for rid, token in sampled.items()]
+
+    def _after_layer(self, output: SchedulerOutput) -> Callable[[int], None] | None:
+        """What the forward pass calls after each layer wrote its K/V (none here; the prefill
+        engine pushes finished prompts' KV layer by layer)."""
+        return None
 
     def _append(self, request: Request, token: int) -> TokenDelta:
         request.output_token_ids.append(token)

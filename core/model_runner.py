@@ -7,6 +7,7 @@ the forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,13 +45,19 @@ class ModelRunner:
         self.block_size = kv_cache.layout.block_size
         self.device = kv_cache.tensor.device
 
-    def execute(self, output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, int]:
-        """Runs the step; returns the sampled token of every request that caught up."""
+    def execute(
+        self,
+        output: SchedulerOutput,
+        requests: dict[str, Request],
+        after_layer: Callable[[int], None] | None = None,
+    ) -> dict[str, int]:
+        """Runs the step; returns the sampled token of every request that caught up.
+        `after_layer` goes to the forward pass (called once each layer's K/V is written)."""
         self._copy_blocks(output)
         chunks = _ordered_chunks(output, requests)
         if not chunks:
             return {}
-        logits = self.model.forward(self._build_batch(chunks), self.kv_cache)
+        logits = self.model.forward(self._build_batch(chunks), self.kv_cache, after_layer)
         sampling = [chunk for chunk in chunks if chunk.completes]
         tokens = sample(
             logits,

@@ -24,7 +24,7 @@ from pdserve.core.engine import LLMEngine
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
 from pdserve.core.transfer.interface import TOKEN_NBYTES
-from pdserve.core.transfer.staging import Staging
+from pdserve.core.transfer.staging import Staging, block_index
 from pdserve.planner.profile import (
     BlockCosts,
     Profile,
@@ -111,14 +111,15 @@ def measure_blocks(engine: LLMEngine, repeats: int = 5, count: int = 32) -> Bloc
     """Median seconds per block of swap-out, staging gather and scatter, `count` blocks at once."""
     ids = list(range(count))
     swap = SchedulerOutput({}, tuple(zip(ids, ids, strict=True)), (), ())
-    staging = Staging(engine.layout, count)
+    piece = Staging(engine.layout, count).pieces[0]  # one piece: the whole prompt's message
     cache = engine.runner.kv_cache
+    index = block_index(cache, ids)
     token = bytes(TOKEN_NBYTES)
     return BlockCosts(
         block_nbytes=int(engine.layout.block_nbytes),
         swap_s=_median_per_block(lambda: engine.runner.execute(swap, {}), repeats, count),
-        gather_s=_median_per_block(lambda: staging.gather_from(cache, ids, token), repeats, count),
-        scatter_s=_median_per_block(lambda: staging.scatter_into(cache, ids), repeats, count),
+        gather_s=_median_per_block(lambda: piece.gather_from(cache, index, token), repeats, count),
+        scatter_s=_median_per_block(lambda: piece.scatter_into(cache, index), repeats, count),
         wire_bytes_per_s=WIRE_BYTES_PER_S,
     )
 

@@ -1,10 +1,12 @@
 """The prefill tier's engine: batch prompts, run them, sample the first token, ship the KV.
 
 Prompts share steps under the token budget (long ones in chunks) exactly as in the offline engine;
-the difference is what happens when a prompt completes: its blocks are gathered into a staging
-buffer and pushed over UCX into the blocks decode reserved (`KVSender.send` copies before it
-returns, so the blocks are freed at once), and the caller's future resolves when decode has the
-bytes.
+the difference is what happens when a prompt completes. In the step where it completes, its
+transfer is opened before the forward pass, and each group of layers (one piece of the descriptor)
+is gathered and pushed over UCX into the blocks decode reserved as soon as the forward has written
+that group's K/V, so the wire time overlaps the rest of the forward; `_append` (after sampling)
+pushes whatever is left and frees the blocks (every push copies before it returns), and the
+caller's future resolves when decode has every piece.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdserve.core.config import EngineConfig
@@ -20,12 +23,14 @@ from pdserve.core.engine import LLMEngine
 from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
-from pdserve.core.scheduler import blocks_for
+from pdserve.core.scheduler import SchedulerOutput, blocks_for
 from pdserve.core.transfer.interface import (
     KVSenderLike,
+    PieceSendLike,
     SendResult,
     TransferDescriptor,
     check_layout,
+    layer_groups,
 )
 
 
@@ -43,6 +48,25 @@ class _Job:
     destination: TransferDescriptor
     outcome: concurrent.futures.Future[PrefillOutcome]
     submitted: float
+    sending: PieceSendLike | None = None  # opened in the step where the prompt completes
+    failed: concurrent.futures.Future[SendResult] | None = None  # open() refused
+    pushed: int = 0  # pieces pushed so far, in layer order
+    groups: tuple[range, ...] = field(default_factory=tuple)
+
+    def push_through(self, layer: int) -> None:
+        """Pushes every piece whose last layer is `layer` or earlier."""
+        assert self.sending is not None  # only opened jobs are pushed
+        while self.pushed < len(self.groups) and self.groups[self.pushed][-1] <= layer:
+            self.sending.push(self.pushed)
+            self.pushed += 1
+
+    def finish(self) -> concurrent.futures.Future[SendResult]:
+        """Pushes what is left and returns the transfer's outcome (exactly once per job)."""
+        if self.failed is not None:
+            return self.failed
+        assert self.sending is not None  # opened before the forward pass of this step
+        self.push_through(self.groups[-1][-1])
+        return self.sending.done()
 
 
 class PrefillEngine(LLMEngine):
@@ -67,6 +91,11 @@ class PrefillEngine(LLMEngine):
                 f"{len(destination.block_ids)} blocks for a {len(prompt_token_ids)}-token prompt "
                 f"(needs {needed})",
             )
+        if not 1 <= destination.num_pieces <= self.layout.num_layers:
+            raise InvalidRequestError(
+                "destination.num_pieces",
+                f"{destination.num_pieces} pieces for {self.layout.num_layers} layers",
+            )
         self.add_request(prompt_token_ids, params, request_id)
         job = _Job(destination, concurrent.futures.Future(), time.monotonic())
         self._jobs[request_id] = job
@@ -76,19 +105,46 @@ class PrefillEngine(LLMEngine):
         job = self._jobs.pop(request_id, None)
         if job is not None:
             job.outcome.cancel()
+            if job.sending is not None:
+                job.sending.done()  # releases its staging once the pushed pieces settle
         super().abort(request_id)
+
+    def _after_layer(self, output: SchedulerOutput) -> Callable[[int], None] | None:
+        """Opens the transfers of the prompts that complete this step; pushes their pieces as the
+        forward pass writes each group's layers."""
+        scheduled = output.num_scheduled_tokens.items()
+        opened = [self._open(rid) for rid, num_new in scheduled if self._completes(rid, num_new)]
+        pushing = [job for job in opened if job.sending is not None]
+        if not pushing:
+            return None
+
+        def push(layer: int) -> None:
+            for job in pushing:
+                job.push_through(layer)
+
+        return push
+
+    def _completes(self, request_id: str, num_new: int) -> bool:
+        request = self.requests[request_id]
+        completes = request.num_computed_tokens + num_new == request.num_tokens
+        return completes and request_id in self._jobs
+
+    def _open(self, request_id: str) -> _Job:
+        job, request = self._jobs[request_id], self.requests[request_id]
+        try:
+            job.sending = self.sender.open(
+                job.destination, self.runner.kv_cache, request.block_ids, request.num_prompt_tokens
+            )
+            job.groups = layer_groups(self.layout.num_layers, job.destination.num_pieces)
+        except Exception as error:  # this request fails alone; the step goes on
+            job.failed = _failure(error)
+        return job
 
     def _append(self, request: Request, token: int) -> TokenDelta:
         """The prompt is done: ship its KV, free its blocks, report the first token."""
         job = self._jobs.pop(request.request_id)
         sampled_at = time.monotonic()
-        try:
-            sending = self.sender.send(
-                job.destination, self.runner.kv_cache, request.block_ids, request.num_prompt_tokens
-            )
-        except Exception as error:  # this request fails alone; the step goes on
-            sending = concurrent.futures.Future()
-            sending.set_exception(error)
+        sending = job.finish()
         self.scheduler.finish(request, RequestStatus.FINISHED_LENGTH)
         del self.requests[request.request_id], self._detokenizers[request.request_id]
         queue_seconds = (request.first_scheduled_time or sampled_at) - job.submitted
@@ -100,6 +156,12 @@ class PrefillEngine(LLMEngine):
     def queue_depth(self) -> int:
         """Prompts not yet finished here (the autoscaling signal of this tier)."""
         return len(self._jobs)
+
+
+def _failure(error: Exception) -> concurrent.futures.Future[SendResult]:
+    failed: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+    failed.set_exception(error)
+    return failed
 
 
 def _resolve(

@@ -32,7 +32,7 @@ def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
 
 
 def _build_loop(args: argparse.Namespace) -> EngineLoop:
-    from pdserve.core.transfer.ucx import KVSender
+    from pdserve.core.transfer.ucx_sender import KVSender
     from pdserve.prefill_service.engine import PrefillEngine
     from pdserve.prefill_service.metrics import register_engine_gauges
 

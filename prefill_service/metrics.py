@@ -36,3 +36,6 @@ def register_engine_gauges(engine: PrefillEngine) -> None:
     Gauge("pdserve_prefill_kv_sent_bytes", "KV bytes sent over UCX").set_function(
         lambda: getattr(engine.sender, "bytes_sent", 0)
     )
+    Gauge(
+        "pdserve_prefill_kv_sent_pieces", "KV messages delivered (one per group of layers)"
+    ).set_function(lambda: getattr(engine.sender, "pieces_sent", 0))

@@ -7,6 +7,7 @@ for the tokens that need them, and fuses q/k/v and gate/up into one matmul each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,14 @@ class CausalLM:
         return self.embed.dtype
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
-        """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32."""
+    def forward(
+        self,
+        batch: ForwardBatch,
+        kv_cache: KVCache,
+        after_layer: Callable[[int], None] | None = None,
+    ) -> torch.Tensor:
+        """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32.
+        `after_layer(i)` runs once layer i's K/V is in the cache (layer-wise KV push)."""
         hidden = F.embedding(batch.input_ids, self.embed)
         residual: torch.Tensor | None = None
         # Per-step work, done once for all layers: rotary lookup, decode gather indices. Layer 0's
@@ -71,6 +78,8 @@ class CausalLM:
         for index, layer in enumerate(self.layers):
             hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
             hidden = self._attention(index, layer, hidden, cos_sin, batch, decode_plan, kv_cache)
+            if after_layer is not None:
+                after_layer(index)
             hidden, residual = self._add_norm(hidden, residual, layer.post_attention_norm)
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran

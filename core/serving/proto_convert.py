@@ -96,6 +96,7 @@ def descriptor_to_proto(descriptor: TransferDescriptor) -> common_pb2.TransferDe
         block_ids=list(descriptor.block_ids),
         layout=layout_to_proto(descriptor.layout),
         transfer_token=descriptor.token,
+        num_pieces=descriptor.num_pieces,
     )
 
 
@@ -106,4 +107,5 @@ def descriptor_from_proto(message: common_pb2.TransferDescriptor) -> TransferDes
         block_ids=tuple(message.block_ids),
         layout=layout_from_proto(message.layout),
         token=message.transfer_token,
+        num_pieces=message.num_pieces or 1,  # unset: one message, as before pieces existed
     )

@@ -2,8 +2,9 @@
 
 A transfer moves the K/V of one prompt from the prefill tier's KV cache into blocks the decode tier
 reserved for it. Decode calls `expect()` first, which hands out a `TransferDescriptor`; that small
-frozen message travels to prefill over gRPC; prefill calls `send(descriptor, ...)`; decode polls
-`poll(request_id)` from its engine loop until DONE (the KV is then in the reserved blocks) or
+frozen message travels to prefill over gRPC; prefill calls `open(descriptor, ...)` and pushes each
+piece (a group of layers) as soon as the forward pass has written it, then `done()`; decode polls
+`poll(request_id)` from its engine loop until DONE (every piece is in the reserved blocks) or
 FAILED. The token in the descriptor is the only thing that lets bytes land in decode's blocks.
 
 What travels is whole blocks: `len(block_ids) * layout.block_nbytes` bytes, also for a prompt that
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -57,6 +59,7 @@ class TransferDescriptor:
     block_ids: tuple[int, ...]  # decode-side block ids, in prompt order
     layout: KVLayout
     token: bytes  # secrets.token_bytes(16): the only credential that lets bytes land
+    num_pieces: int = 1  # messages the KV travels in, one per group of layers (decode chooses)
 
     @property
     def nbytes(self) -> int:
@@ -70,15 +73,36 @@ class SendResult:
 
     request_id: str
     nbytes: int
-    seconds: float  # send() called -> receiver took the bytes
+    seconds: float  # first push -> receiver took every piece (overlaps the forward if layer-wise)
     gather_seconds: float  # of which: copying the blocks into the staging buffer
 
 
-def transfer_tag(token: bytes) -> int:
-    """The 64-bit UCX tag of a transfer, derived from its token (a guess needs 2**64 tries)."""
+def piece_tag(token: bytes, piece: int) -> int:
+    """The 64-bit UCX tag of one piece, derived from the token (a guess needs 2**64 tries) and the
+    piece index (so piece p can only complete the receive posted for piece p)."""
     if len(token) != TOKEN_NBYTES:
         raise ValueError(f"token: expected {TOKEN_NBYTES} bytes, got {len(token)}")
-    return int.from_bytes(hashlib.blake2b(token, digest_size=8).digest(), "little")
+    digest = hashlib.blake2b(token + piece.to_bytes(4, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def layer_groups(num_layers: int, num_pieces: int) -> tuple[range, ...]:
+    """Splits the layers into `num_pieces` contiguous groups, sizes differing by at most one."""
+    check_num_pieces(num_pieces, num_layers)
+    bounds = [num_layers * p // num_pieces for p in range(num_pieces + 1)]
+    return tuple(range(bounds[p], bounds[p + 1]) for p in range(num_pieces))
+
+
+def misplaced_push(piece: int, num_pieces: int, pushed: Collection[int]) -> ValueError | None:
+    """Why pushing `piece` now is wrong (pushed before, or no such piece), or None."""
+    if piece in pushed or not 0 <= piece < num_pieces:
+        return ValueError(f"piece: {piece} pushed twice or outside [0, {num_pieces})")
+    return None
+
+
+def check_num_pieces(num_pieces: int, num_layers: int) -> None:
+    if not 1 <= num_pieces <= num_layers:
+        raise ValueError(f"num_pieces: must be in [1, {num_layers}] (layers), got {num_pieces}")
 
 
 def check_layout(own: KVLayout, requested: KVLayout) -> None:
@@ -111,6 +135,7 @@ def check_send_args(descriptor: TransferDescriptor, cache: KVCache, src: list[in
         raise ValueError(f"num_tokens: {n} tokens do not fill {len(src)} blocks of {size}")
     if len(descriptor.token) != TOKEN_NBYTES:
         raise ValueError(f"token: expected {TOKEN_NBYTES} bytes, got {len(descriptor.token)}")
+    check_num_pieces(descriptor.num_pieces, descriptor.layout.num_layers)
 
 
 class KVReceiverLike(Protocol):
@@ -132,18 +157,49 @@ class KVReceiverLike(Protocol):
     def close(self) -> None: ...
 
 
+class PieceSendLike(Protocol):
+    """One transfer being pushed piece by piece (what `KVSenderLike.open` returns)."""
+
+    @property
+    def descriptor(self) -> TransferDescriptor: ...
+
+    def push(self, piece: int) -> None:
+        """Gathers piece `piece` (its layers must be written) and posts its send; never raises:
+        a failure fails `done()`'s future."""
+
+    def done(self) -> concurrent.futures.Future[SendResult]:
+        """Completes when every posted piece has settled; fails if a piece failed or was never
+        pushed. Call it exactly once on every path (it releases the staging memory)."""
+        ...
+
+
 class KVSenderLike(Protocol):
     """Prefill side, as the prefill engine uses it (UCX or in-process)."""
 
     bytes_sent: int
+    pieces_sent: int
     seconds: float
 
-    def send(
+    def open(
         self,
         descriptor: TransferDescriptor,
         kv_cache: KVCache,
         src_block_ids: list[int],
         num_tokens: int,
-    ) -> concurrent.futures.Future[SendResult]: ...
+    ) -> PieceSendLike: ...
 
     def close(self) -> None: ...
+
+
+def send_whole(
+    sender: KVSenderLike,
+    descriptor: TransferDescriptor,
+    kv_cache: KVCache,
+    src_block_ids: list[int],
+    num_tokens: int,
+) -> concurrent.futures.Future[SendResult]:
+    """Sends a finished cache's blocks at once: open, push every piece, done."""
+    sending = sender.open(descriptor, kv_cache, src_block_ids, num_tokens)
+    for piece in range(descriptor.num_pieces):
+        sending.push(piece)
+    return sending.done()

@@ -1,8 +1,9 @@
 """In-process KV transfer with the UCX backend's interface: FOR ENGINE UNIT TESTS ONLY.
 
-No UCX, no threads: `LocalKVSender.send` copies the blocks through the same staging buffer (token
-trailer included) into the receiver's table at once, and `LocalKVReceiver.poll` lands them in the
-reserved blocks, with the same checks and the same states as `KVReceiver` / `KVSender`. A
+No UCX, no threads: each `push` of a `LocalKVSender.open` handle copies one piece through the same
+staging layout (token trailer included) into the receiver's table at once, and
+`LocalKVReceiver.poll` lands them in the reserved blocks once every piece is there, with the same
+checks and the same states as `KVReceiver` / `KVSender`. A
 `LocalTransferHub` stands for the network: it maps receiver addresses to receivers, and
 `break_peer(address)` makes sends to it fail, so engine tests can drive the FAILED paths.
 """
@@ -13,7 +14,7 @@ import concurrent.futures
 import itertools
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.core.kv_cache import KVCache, KVLayout
 from pdserve.core.transfer.interface import (
@@ -24,9 +25,11 @@ from pdserve.core.transfer.interface import (
     TransferState,
     check_block_ids,
     check_layout,
+    check_num_pieces,
     check_send_args,
+    misplaced_push,
 )
-from pdserve.core.transfer.staging import Staging
+from pdserve.core.transfer.staging import Piece, Staging, block_index
 
 
 class LocalTransferHub:
@@ -46,26 +49,28 @@ class LocalTransferHub:
         """From now on, sends to `address` fail with TransferError."""
         self._broken.add(address)
 
-    def deliver(self, descriptor: TransferDescriptor, staging: Staging) -> None:
+    def deliver(self, descriptor: TransferDescriptor, number: int, piece: Piece) -> None:
         receiver = self._receivers.get(descriptor.peer_address)
         if receiver is None or descriptor.peer_address in self._broken:
             raise TransferError(f"peer_address: {descriptor.peer_address!r} is unreachable")
-        receiver.accept(descriptor, staging)
+        receiver.accept(descriptor, number, piece)
 
 
 @dataclass
 class _Entry:
     descriptor: TransferDescriptor
     started: float
-    staging: Staging | None = None
+    pieces: dict[int, Piece] = field(default_factory=dict)
     state: TransferState = TransferState.PENDING
 
 
 class LocalKVReceiver:
     """Decode side of the in-process backend (same methods and counters as `KVReceiver`)."""
 
-    def __init__(self, hub: LocalTransferHub, kv_cache: KVCache) -> None:
+    def __init__(self, hub: LocalTransferHub, kv_cache: KVCache, num_pieces: int = 1) -> None:
+        check_num_pieces(num_pieces, kv_cache.layout.num_layers)
         self.cache = kv_cache
+        self.num_pieces = num_pieces
         self.bytes_received = 0
         self.seconds = 0.0
         self._entries: dict[str, _Entry] = {}
@@ -85,27 +90,31 @@ class LocalKVReceiver:
         if request_id in self._entries:
             raise ValueError(f"request_id: {request_id!r} is already expected")
         token = secrets.token_bytes(TOKEN_NBYTES)
-        descriptor = TransferDescriptor(request_id, self._address, ids, layout, token)
+        descriptor = TransferDescriptor(
+            request_id, self._address, ids, layout, token, self.num_pieces
+        )
         self._entries[request_id] = _Entry(descriptor, time.perf_counter())
         return descriptor
 
-    def accept(self, descriptor: TransferDescriptor, staging: Staging) -> None:
-        """Keeps a delivered message only if it carries the token of a pending request."""
+    def accept(self, descriptor: TransferDescriptor, number: int, piece: Piece) -> None:
+        """Keeps a delivered piece only if it carries the token of a pending request."""
         entry = self._entries.get(descriptor.request_id)
-        if entry is None or entry.staging is not None or entry.state is not TransferState.PENDING:
+        if entry is None or number in entry.pieces or entry.state is not TransferState.PENDING:
             return
-        if staging.carries(entry.descriptor.token):
-            entry.staging = staging
+        if piece.carries(entry.descriptor.token):
+            entry.pieces[number] = piece
 
     def poll(self, request_id: str) -> TransferState:
         entry = self._entries.get(request_id)
         if entry is None:
             raise KeyError(f"request_id: {request_id!r} is not expected here")
-        if entry.state is TransferState.PENDING and entry.staging is not None:
-            entry.staging.scatter_into(self.cache, list(entry.descriptor.block_ids))
-            self.bytes_received += entry.staging.payload_nbytes
+        if entry.state is TransferState.PENDING and len(entry.pieces) == self.num_pieces:
+            index = block_index(self.cache, entry.descriptor.block_ids)
+            for piece in entry.pieces.values():
+                piece.scatter_into(self.cache, index)
+                self.bytes_received += piece.payload_nbytes
             self.seconds += time.perf_counter() - entry.started
-            entry.state, entry.staging = TransferState.DONE, None
+            entry.state, entry.pieces = TransferState.DONE, {}
         return entry.state
 
     def cancel(self, request_id: str) -> None:
@@ -116,38 +125,72 @@ class LocalKVReceiver:
 
 
 class LocalKVSender:
-    """Prefill side of the in-process backend (same `send` and counters as `KVSender`)."""
+    """Prefill side of the in-process backend (same `open` and counters as `KVSender`)."""
 
     def __init__(self, hub: LocalTransferHub) -> None:
         self.bytes_sent = 0
+        self.pieces_sent = 0
         self.seconds = 0.0
-        self._hub = hub
+        self.hub = hub
 
-    def send(
+    def open(
         self,
         descriptor: TransferDescriptor,
         kv_cache: KVCache,
         src_block_ids: list[int],
         num_tokens: int,
-    ) -> concurrent.futures.Future[SendResult]:
+    ) -> LocalPieceSend:
         check_send_args(descriptor, kv_cache, src_block_ids, num_tokens)
-        started = time.perf_counter()
-        staging = Staging(descriptor.layout, len(src_block_ids))
-        staging.gather_from(kv_cache, list(src_block_ids), descriptor.token)
-        gathered = time.perf_counter()
-        future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
-        try:
-            self._hub.deliver(descriptor, staging)
-        except TransferError as error:
-            future.set_exception(error)
-            return future
-        seconds = time.perf_counter() - started
-        self.bytes_sent += staging.payload_nbytes
-        self.seconds += seconds
-        future.set_result(
-            SendResult(descriptor.request_id, staging.payload_nbytes, seconds, gathered - started)
-        )
-        return future
+        return LocalPieceSend(self, descriptor, kv_cache, src_block_ids)
 
     def close(self) -> None:
         return None
+
+
+class LocalPieceSend:
+    """Each `push` delivers its piece at once; `done()` reports the first failure, if any."""
+
+    def __init__(
+        self, sender: LocalKVSender, descriptor: TransferDescriptor, cache: KVCache, src: list[int]
+    ) -> None:
+        self.descriptor = descriptor
+        self._sender = sender
+        self._cache = cache
+        self._index = block_index(cache, src)
+        self._staging = Staging(descriptor.layout, len(src), descriptor.num_pieces)
+        self._started: float | None = None  # the first push: open() precedes the forward
+        self._gather_s = 0.0
+        self._pushed: set[int] = set()
+        self._errors: list[Exception] = []
+
+    def push(self, piece: int) -> None:
+        misplaced = misplaced_push(piece, self.descriptor.num_pieces, self._pushed)
+        if misplaced is not None:
+            self._errors.append(misplaced)
+            return
+        self._pushed.add(piece)
+        started = time.perf_counter()
+        self._started = self._started or started
+        target = self._staging.pieces[piece]
+        target.gather_from(self._cache, self._index, self.descriptor.token)
+        self._gather_s += time.perf_counter() - started
+        try:
+            self._sender.hub.deliver(self.descriptor, piece, target)
+        except TransferError as error:
+            self._errors.append(error)
+
+    def done(self) -> concurrent.futures.Future[SendResult]:
+        future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        missing = sorted(set(range(self.descriptor.num_pieces)) - self._pushed)
+        if missing:
+            self._errors.append(TransferError(f"pieces {missing} were never pushed"))
+        if self._errors:
+            future.set_exception(self._errors[0])
+            return future
+        seconds = time.perf_counter() - (self._started or time.perf_counter())
+        nbytes = self._staging.payload_nbytes
+        self._sender.bytes_sent += nbytes
+        self._sender.pieces_sent += len(self._pushed)
+        self._sender.seconds += seconds
+        future.set_result(SendResult(self.descriptor.request_id, nbytes, seconds, self._gather_s))
+        return future

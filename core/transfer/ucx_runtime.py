@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import threading
 from collections.abc import Coroutine
@@ -35,6 +36,7 @@ from ucxx._lib_async.notifier_thread import _notifierThread
 T = TypeVar("T")
 
 START_TIMEOUT_S = 30.0
+CLOSE_PERIOD_NS = 10**9
 
 
 @dataclass(frozen=True)
@@ -117,3 +119,14 @@ class UcxRuntime:
         self.worker.stop_progress_thread()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=5.0)
+
+
+async def close_endpoint(endpoint: ucx_api.UCXEndpoint) -> None:
+    endpoint.close_blocking(period=CLOSE_PERIOD_NS, max_attempts=1)
+    endpoint.remove_close_callback()
+
+
+async def settle(request: ucx_api.UCXRequest) -> None:
+    """Waits for a request and retrieves its error, if any (the owner reads it elsewhere)."""
+    with contextlib.suppress(Exception):
+        await request.wait()

@@ -42,8 +42,10 @@ def start_cluster(
     num_decode: int,
     router_args: tuple[str, ...] = (),
     worker_args: tuple[str, ...] = WORKER_ARGS,
+    env: tuple[tuple[str, str], ...] = (),
     tls: ClusterTls | None = None,
 ) -> Cluster:
+    """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable)."""
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=num_prefill,
@@ -52,7 +54,7 @@ def start_cluster(
         metrics_base_port=free_port_base(),
         worker_args=worker_args,
         router_args=router_args,
-        env=UCX_ENV,
+        env=UCX_ENV + env,
         drain_grace_seconds=5.0,
         tls=tls,
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 
 import grpc
 
+from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster, Process
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
@@ -69,3 +71,15 @@ def labelled_metric(process: Process, name: str, **labels: str) -> float:
             if line.startswith(f"{name}{{{wanted}}} "):
                 return float(line.split()[1])
     return 0.0
+
+
+async def greedy_outputs(
+    cluster: Cluster, prompts: list[list[int]], max_tokens: int
+) -> list[list[int]]:
+    """Every prompt through the router at once, greedy; the token ids of each reply."""
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    async with GenerationClient.connect(cluster.router.address) as client:
+        replies = await asyncio.gather(
+            *(client.generate(build_request(p, sampling=sampling)) for p in prompts)
+        )
+    return [list(reply.token_ids) for reply in replies]

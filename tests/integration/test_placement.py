@@ -9,25 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
-
 from .conftest import start_cluster
-from .helpers import labelled_metric, metric, wait_all_blocks_free
+from .helpers import greedy_outputs, labelled_metric, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
 THRESHOLD = 100
 PLACEMENTS = "pdserve_router_prefill_placements_total"
-
-
-async def _greedy(cluster: Cluster, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    async with GenerationClient.connect(cluster.router.address) as client:
-        replies = await asyncio.gather(
-            *(client.generate(build_request(p, sampling=sampling)) for p in prompts)
-        )
-    return [list(reply.token_ids) for reply in replies]
 
 
 def test_conditional_disaggregation_splits_by_prompt_length(
@@ -40,7 +28,7 @@ def test_conditional_disaggregation_splits_by_prompt_length(
     router_args = ("--disagg-threshold", str(THRESHOLD))
     cluster = start_cluster(model_dir, tmp_path / "logs", 1, 1, router_args=router_args)
     try:
-        assert asyncio.run(_greedy(cluster, prompts, max_new_tokens)) == hf_greedy
+        assert asyncio.run(greedy_outputs(cluster, prompts, max_new_tokens)) == hf_greedy
         short = sum(1 for p in prompts if len(p) < THRESHOLD)
         router = cluster.router
         assert labelled_metric(router, PLACEMENTS, place="local", reason="short_prompt") == short
@@ -62,7 +50,7 @@ def test_colocated_deployment_without_a_prefill_tier(
 ) -> None:
     cluster = start_cluster(model_dir, tmp_path / "logs", num_prefill=0, num_decode=2)
     try:
-        assert asyncio.run(_greedy(cluster, prompts, max_new_tokens)) == hf_greedy
+        assert asyncio.run(greedy_outputs(cluster, prompts, max_new_tokens)) == hf_greedy
         local = labelled_metric(
             cluster.router, PLACEMENTS, place="local", reason="no_prefill_worker"
         )

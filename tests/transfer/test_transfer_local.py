@@ -15,7 +15,9 @@ from pdserve.core.transfer.interface import (
     LayoutMismatchError,
     TransferError,
     TransferState,
-    transfer_tag,
+    layer_groups,
+    piece_tag,
+    send_whole,
 )
 from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
@@ -24,21 +26,25 @@ SRC, DST = [3, 7, 1], [10, 2, 5]
 Pair = tuple[LocalKVSender, LocalKVReceiver, KVCache, KVCache]
 
 
-@pytest.fixture
-def pair() -> Pair:
+def _pair(layout: KVLayout, num_pieces: int) -> Pair:
     hub = LocalTransferHub()
-    source, target = KVCache(LAYOUT, 12, "cpu"), KVCache(LAYOUT, 12, "cpu")
+    source, target = KVCache(layout, 12, "cpu"), KVCache(layout, 12, "cpu")
     source.tensor.copy_(
         torch.randn(source.tensor.shape, generator=torch.Generator().manual_seed(0))
     )
-    return LocalKVSender(hub), LocalKVReceiver(hub, target), source, target
+    return LocalKVSender(hub), LocalKVReceiver(hub, target, num_pieces), source, target
+
+
+@pytest.fixture
+def pair() -> Pair:
+    return _pair(LAYOUT, num_pieces=1)
 
 
 def test_blocks_land_exactly_and_counters_count_whole_blocks(pair: Pair) -> None:
     sender, receiver, source, target = pair
     descriptor = receiver.expect("r", DST, LAYOUT)
     assert receiver.poll("r") is TransferState.PENDING
-    result = sender.send(descriptor, source, SRC, num_tokens=9).result()
+    result = send_whole(sender, descriptor, source, SRC, num_tokens=9).result()
     assert receiver.poll("r") is TransferState.DONE
     assert torch.equal(target.tensor[:, :, DST], source.tensor[:, :, SRC])
     others = [b for b in range(12) if b not in DST]
@@ -56,7 +62,7 @@ def test_layout_mismatch_names_both_layouts(pair: Pair) -> None:
     assert refused.value.expected == LAYOUT and refused.value.got == other
     descriptor = dataclasses.replace(receiver.expect("r", DST, LAYOUT), layout=other)
     with pytest.raises(LayoutMismatchError, match="num_layers=2"):
-        sender.send(descriptor, source, SRC, 9)
+        send_whole(sender, descriptor, source, SRC, 9)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +81,7 @@ def test_bad_send_arguments_name_the_field(
     sender, receiver, source, _ = pair
     descriptor = receiver.expect("r", DST, LAYOUT)
     with pytest.raises(ValueError, match=field):
-        sender.send(descriptor, source, src, num_tokens)
+        send_whole(sender, descriptor, source, src, num_tokens)
     assert receiver.poll("r") is TransferState.PENDING
 
 
@@ -96,10 +102,11 @@ def test_request_expected_twice_is_refused(pair: Pair) -> None:
 def test_wrong_token_and_late_messages_never_land(pair: Pair) -> None:
     sender, receiver, source, target = pair
     descriptor = receiver.expect("r", DST, LAYOUT)
-    sender.send(dataclasses.replace(descriptor, token=secrets.token_bytes(16)), source, SRC, 9)
+    forged = dataclasses.replace(descriptor, token=secrets.token_bytes(16))
+    send_whole(sender, forged, source, SRC, 9)
     assert receiver.poll("r") is TransferState.PENDING
     receiver.cancel("r")
-    sender.send(descriptor, source, SRC, 9)
+    send_whole(sender, descriptor, source, SRC, 9)
     assert not target.tensor.any()
     with pytest.raises(KeyError, match="'r'"):
         receiver.poll("r")
@@ -112,15 +119,16 @@ def test_unreachable_peer_fails_the_future(pair: Pair) -> None:
     hub.break_peer(broken.address())
     descriptor = broken.expect("r", DST, LAYOUT)
     with pytest.raises(TransferError, match="peer_address"):
-        LocalKVSender(hub).send(descriptor, source, SRC, 9).result()
+        send_whole(LocalKVSender(hub), descriptor, source, SRC, 9).result()
 
 
-def test_tags_come_from_the_whole_token() -> None:
+def test_tags_come_from_the_whole_token_and_the_piece() -> None:
     token = secrets.token_bytes(16)
-    assert transfer_tag(token) == transfer_tag(bytes(token))
-    assert transfer_tag(token) != transfer_tag(token[:15] + bytes([token[15] ^ 1]))
+    assert piece_tag(token, 0) == piece_tag(bytes(token), 0)
+    assert piece_tag(token, 0) != piece_tag(token[:15] + bytes([token[15] ^ 1]), 0)
+    assert piece_tag(token, 0) != piece_tag(token, 1)
     with pytest.raises(ValueError, match="token"):
-        transfer_tag(b"short")
+        piece_tag(b"short", 0)
 
 
 def test_local_backend_matches_the_engine_facing_protocols() -> None:
@@ -128,3 +136,62 @@ def test_local_backend_matches_the_engine_facing_protocols() -> None:
     receiver: KVReceiverLike = LocalKVReceiver(hub, KVCache(LAYOUT, 2, "cpu"))
     sender: KVSenderLike = LocalKVSender(hub)
     assert receiver.bytes_received == sender.bytes_sent == 0
+
+
+PIECES_LAYOUT = dataclasses.replace(LAYOUT, num_layers=5)
+
+
+@pytest.fixture
+def layered() -> Pair:
+    """Like `pair`, with 5 layers and a receiver expecting 3 pieces (layers [0], [1, 2], [3, 4])."""
+    return _pair(PIECES_LAYOUT, num_pieces=3)
+
+
+def test_layer_groups_split_evenly_and_refuse_bad_counts() -> None:
+    assert layer_groups(5, 3) == (range(0, 1), range(1, 3), range(3, 5))
+    assert layer_groups(30, 1) == (range(0, 30),)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="num_pieces"):
+            layer_groups(5, bad)
+
+
+def test_pieces_land_exactly_once_all_are_there(layered: Pair) -> None:
+    sender, receiver, source, target = layered
+    descriptor = receiver.expect("r", DST, PIECES_LAYOUT)
+    sending = sender.open(descriptor, source, SRC, 9)
+    for piece in (2, 0):
+        sending.push(piece)
+    assert receiver.poll("r") is TransferState.PENDING and not target.tensor.any()
+    sending.push(1)
+    result = sending.done().result()
+    assert receiver.poll("r") is TransferState.DONE
+    assert torch.equal(target.tensor[:, :, DST], source.tensor[:, :, SRC])
+    assert result.nbytes == receiver.bytes_received == descriptor.nbytes
+    assert sender.pieces_sent == 3
+
+
+def test_a_wrong_token_piece_never_lands(layered: Pair) -> None:
+    sender, receiver, source, target = layered
+    descriptor = receiver.expect("r", DST, PIECES_LAYOUT)
+    forged = dataclasses.replace(descriptor, token=secrets.token_bytes(16))
+    sender.open(forged, source, SRC, 9).push(1)
+    real = sender.open(descriptor, source, SRC, 9)
+    real.push(0)
+    real.push(2)
+    assert receiver.poll("r") is TransferState.PENDING and not target.tensor.any()
+    real.push(1)
+    assert receiver.poll("r") is TransferState.DONE
+
+
+def test_unpushed_or_repeated_pieces_fail_the_send(layered: Pair) -> None:
+    sender, receiver, source, _ = layered
+    descriptor = receiver.expect("r", DST, PIECES_LAYOUT)
+    sending = sender.open(descriptor, source, SRC, 9)
+    sending.push(0)
+    sending.push(0)
+    with pytest.raises(ValueError, match="piece: 0 pushed twice"):
+        sending.done().result()
+    with pytest.raises(TransferError, match=r"pieces \[0, 1, 2\] were never pushed"):
+        sender.open(descriptor, source, SRC, 9).done().result()
+    with pytest.raises(ValueError, match="num_pieces"):
+        sender.open(dataclasses.replace(descriptor, num_pieces=6), source, SRC, 9)

@@ -39,7 +39,12 @@ class Peer:
     """One peer process and the pipe that drives it; `stop()` always reaps the process."""
 
     def __init__(
-        self, role: str, tls: str, layout: KVLayout = LAYOUT, num_blocks: int = NUM_BLOCKS
+        self,
+        role: str,
+        tls: str,
+        layout: KVLayout = LAYOUT,
+        num_blocks: int = NUM_BLOCKS,
+        num_pieces: int = 1,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
@@ -49,7 +54,7 @@ class Peer:
             "UCXPY_ENABLE_PYTHON_FUTURE": "1",
             "UCX_WARN_UNUSED_ENV_VARS": "n",
         }
-        args = (child, role, env, layout, num_blocks, SEND_TIMEOUT_S)
+        args = (child, role, env, layout, num_blocks, num_pieces)
         self.process = context.Process(target=run_peer, args=args, daemon=True)
         self.process.start()
         child.close()
@@ -86,21 +91,22 @@ def run_peer(
     env: dict[str, str],
     layout: KVLayout,
     num_blocks: int,
-    send_timeout_s: float,
+    num_pieces: int,
 ) -> None:
     os.environ.update(env)
     import torch
 
     from pdserve.core.kv_cache import KVCache
-    from pdserve.core.transfer.ucx import KVReceiver, KVSender
+    from pdserve.core.transfer.ucx import KVReceiver
     from pdserve.core.transfer.ucx_runtime import UcxConfig
+    from pdserve.core.transfer.ucx_sender import KVSender
 
     cache = KVCache(layout, num_blocks, "cpu")
     generator = torch.Generator().manual_seed(1 if role == "prefill" else 2)
     cache.tensor.copy_(torch.randn(cache.tensor.shape, generator=generator))
-    config = UcxConfig(send_timeout_s=send_timeout_s)
+    config = UcxConfig(send_timeout_s=SEND_TIMEOUT_S)
     peer: KVReceiver | KVSender = (
-        KVReceiver(cache, config) if role == "decode" else KVSender(config)
+        KVReceiver(cache, config, num_pieces) if role == "decode" else KVSender(config)
     )
     conn.send(peer.address() if isinstance(peer, KVReceiver) else b"")
     try:
@@ -132,12 +138,44 @@ def _wait(peer: Any, cache: Any, request_id: str, timeout_s: float) -> str:
 
 
 def _send(peer: Any, cache: Any, descriptor: Any, src: list[int], num_tokens: int) -> Any:
-    return peer.send(descriptor, cache, src, num_tokens).result()
+    from pdserve.core.transfer.interface import send_whole
+
+    return send_whole(peer, descriptor, cache, src, num_tokens).result()
+
+
+def _push(peer: Any, cache: Any, descriptor: Any, src: list[int], pieces: list[int]) -> str:
+    """Pushes only `pieces` (in that order); answers how `done()` ended ("ok" or the error)."""
+    sending = peer.open(descriptor, cache, src, len(src) * descriptor.layout.block_size)
+    for piece in pieces:
+        sending.push(piece)
+    try:
+        sending.done().result()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return "ok"
+
+
+def _send_short(peer: Any, cache: Any, descriptor: Any, piece: int) -> None:
+    """Sends one zero byte with piece `piece`'s tag: a message too short to carry the token."""
+    import numpy as np
+    import ucxx._lib.libucxx as ucx_api
+    from ucxx._lib.arr import Array
+
+    from pdserve.core.transfer.interface import piece_tag
+
+    endpoint = peer.endpoint(descriptor.peer_address)
+    tag = ucx_api.UCXXTag(piece_tag(descriptor.token, piece))
+    request = endpoint.tag_send(Array(np.zeros(1, dtype=np.uint8)), tag)
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while not request.completed and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL_S)
 
 
 def _send_and_die(peer: Any, cache: Any, descriptor: Any, src: list[int], after_s: float) -> None:
     """Posts the send, then dies mid-transfer as a SIGKILLed prefill worker would."""
-    peer.send(descriptor, cache, src, len(src) * descriptor.layout.block_size)
+    from pdserve.core.transfer.interface import send_whole
+
+    send_whole(peer, descriptor, cache, src, len(src) * descriptor.layout.block_size)
     time.sleep(after_s)
     os._exit(1)
 
@@ -157,6 +195,11 @@ _COMMANDS: dict[str, Any] = {
     "cancel": lambda peer, cache, rid: peer.cancel(rid),
     "tracked": lambda peer, cache: peer.num_tracked,
     "send": _send,
+    "push": _push,
+    "send_short": _send_short,
+    "idle_staging": lambda peer, cache: (
+        peer.idle_staging_bytes if hasattr(peer, "idle_staging_bytes") else peer.pool.idle_bytes
+    ),
     "cache": lambda peer, cache: cache.tensor.clone(),
     "counters": lambda peer, cache: (
         getattr(peer, "bytes_received", getattr(peer, "bytes_sent", 0)),

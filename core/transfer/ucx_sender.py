@@ -1,0 +1,170 @@
+"""Prefill side of the UCX transfer: pushes a prompt's blocks, piece by piece, into decode's.
+
+`KVSender.open(descriptor, cache, src_block_ids, num_tokens)` checks everything and takes a staging
+buffer; `push(p)` gathers group p's layers (plus the token) into piece p and posts its tagged send
+on the caller's thread, so the prefill engine can call it from inside the forward pass, right after
+those layers wrote their KV; `done()` returns a future that completes on the UCX loop thread once
+every piece has been taken by the receiver (see `ucx` for the receiving side and `staging` for the
+piece layout). The source blocks may be reused once the last `push` has returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+
+import ucxx._lib.libucxx as ucx_api
+from ucxx._lib.arr import Array
+
+from pdserve.core.kv_cache import KVCache
+from pdserve.core.transfer.interface import (
+    SendResult,
+    TransferDescriptor,
+    TransferError,
+    TransferTimeoutError,
+    check_send_args,
+    misplaced_push,
+    piece_tag,
+)
+from pdserve.core.transfer.staging import Staging, StagingPool, block_index
+from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime, close_endpoint
+
+
+class KVSender:
+    """Prefill side: pushes a prompt's blocks to the decode worker named in a descriptor."""
+
+    def __init__(self, config: UcxConfig) -> None:
+        self.bytes_sent = 0  # whole blocks delivered, K and V of every layer
+        self.pieces_sent = 0  # messages delivered (one per group of layers)
+        self.seconds = 0.0  # summed first push -> delivered time (gathers + wire)
+        self.runtime = UcxRuntime(config)
+        self.pool = StagingPool(config.staging_pool_bytes)
+        self._lock = threading.Lock()
+        self._endpoints: dict[bytes, ucx_api.UCXEndpoint] = {}
+
+    def open(
+        self,
+        descriptor: TransferDescriptor,
+        kv_cache: KVCache,
+        src_block_ids: list[int],
+        num_tokens: int,
+    ) -> PieceSend:
+        """Checks the arguments (layout first; raises before any byte moves)."""
+        check_send_args(descriptor, kv_cache, src_block_ids, num_tokens)
+        return PieceSend(self, descriptor, kv_cache, src_block_ids)
+
+    def close(self) -> None:
+        with self._lock:
+            endpoints, self._endpoints = list(self._endpoints.values()), {}
+        for endpoint in endpoints:
+            self.runtime.call(close_endpoint(endpoint))
+        self.runtime.close()
+
+    def endpoint(self, peer: bytes) -> ucx_api.UCXEndpoint:
+        """One cached endpoint per decode worker (creating one costs ~0.1 s)."""
+        with self._lock:
+            endpoint = self._endpoints.get(peer)
+            if endpoint is None:
+                endpoint = ucx_api.UCXEndpoint.create_from_worker_address(
+                    self.runtime.worker,
+                    ucx_api.UCXAddress.create_from_buffer(peer),
+                    self.runtime.config.endpoint_error_handling,
+                )
+                self._endpoints[peer] = endpoint
+            return endpoint
+
+    def count(self, nbytes: int, pieces: int, seconds: float) -> None:
+        with self._lock:
+            self.bytes_sent += nbytes
+            self.pieces_sent += pieces
+            self.seconds += seconds
+
+    async def completion(self, descriptor: TransferDescriptor, request: ucx_api.UCXRequest) -> None:
+        """Waits for one posted send; a timeout or an error closes the endpoint and raises."""
+        waiter = asyncio.ensure_future(request.wait())
+        waiter.add_done_callback(_consume_exception)
+        timeout = self.runtime.config.send_timeout_s
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)
+        if not done:
+            # Only closing the endpoint releases a send nobody receives (ucxx has no cancel).
+            await self._drop_endpoint(descriptor.peer_address)
+            raise TransferTimeoutError(
+                f"request {descriptor.request_id!r}: decode took no bytes within {timeout} s"
+            )
+        if waiter.exception() is not None:
+            await self._drop_endpoint(descriptor.peer_address)
+            raise TransferError(f"request {descriptor.request_id!r}: {waiter.exception()!r}")
+
+    async def _drop_endpoint(self, peer: bytes) -> None:
+        with self._lock:
+            endpoint = self._endpoints.pop(peer, None)
+        if endpoint is not None:
+            await close_endpoint(endpoint)
+
+
+class PieceSend:
+    """One transfer being pushed: `push(piece)` per group of layers, then `done()` exactly once."""
+
+    def __init__(
+        self, sender: KVSender, descriptor: TransferDescriptor, cache: KVCache, src: list[int]
+    ) -> None:
+        self.descriptor = descriptor
+        self._sender = sender
+        self._cache = cache
+        self._index = block_index(cache, src)
+        self._started: float | None = None  # the first push: open() precedes the forward
+        self._gather_s = 0.0
+        self._staging: Staging = sender.pool.acquire(
+            descriptor.layout, len(src), descriptor.num_pieces
+        )
+        self._sends: dict[int, concurrent.futures.Future[None]] = {}
+        self._errors: list[BaseException] = []
+
+    def push(self, piece: int) -> None:
+        """Gathers and posts piece `piece`; never raises (a failure fails `done()`)."""
+        misplaced = misplaced_push(piece, self.descriptor.num_pieces, self._sends)
+        if misplaced is not None:
+            self._errors.append(misplaced)
+            return
+        started = time.perf_counter()
+        self._started = self._started or started
+        target = self._staging.pieces[piece]
+        target.gather_from(self._cache, self._index, self.descriptor.token)
+        self._gather_s += time.perf_counter() - started
+        tag = ucx_api.UCXXTag(piece_tag(self.descriptor.token, piece))
+        try:
+            request = self._sender.endpoint(self.descriptor.peer_address).tag_send(
+                Array(target.raw.numpy()), tag
+            )
+        except ucx_api.UCXError as error:
+            self._errors.append(TransferError(f"peer_address: cannot send to it: {error!r}"))
+            return
+        self._sends[piece] = self._sender.runtime.submit(
+            self._sender.completion(self.descriptor, request)
+        )
+
+    def done(self) -> concurrent.futures.Future[SendResult]:
+        missing = sorted(set(range(self.descriptor.num_pieces)) - set(self._sends))
+        if missing and not self._errors:
+            self._errors.append(TransferError(f"pieces {missing} were never pushed"))
+        return self._sender.runtime.submit(self._finish())
+
+    async def _finish(self) -> SendResult:
+        outcomes = await asyncio.gather(
+            *(asyncio.wrap_future(send) for send in self._sends.values()), return_exceptions=True
+        )
+        self._sender.pool.release(self._staging)  # every send settled: UCX is done with it
+        failures = [o for o in outcomes if isinstance(o, BaseException)] + self._errors
+        if failures:
+            raise failures[0]
+        seconds = time.perf_counter() - (self._started or time.perf_counter())
+        nbytes = self._staging.payload_nbytes
+        self._sender.count(nbytes, len(self._sends), seconds)
+        return SendResult(self.descriptor.request_id, nbytes, seconds, self._gather_s)
+
+
+def _consume_exception(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
