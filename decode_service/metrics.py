@@ -61,6 +61,10 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     Gauge("pdserve_decode_kv_transfer_seconds", "Summed KV transfer time").set_function(
         lambda: getattr(receiver, "seconds", 0.0)
     )
+    Gauge(
+        "pdserve_decode_kv_rejected_messages",
+        "KV messages refused since start for a missing or wrong transfer token",
+    ).set_function(lambda: getattr(receiver, "rejected_messages", 0))
 
 
 LOCAL_PREFILLS = Counter(

@@ -26,6 +26,7 @@ Threading: see `ucx_runtime`. `expect`, `poll`, `cancel` and `open` are thread-s
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -46,6 +47,8 @@ from pdserve.core.transfer.interface import (
 )
 from pdserve.core.transfer.staging import Staging, StagingPool, block_index
 from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime, close_endpoint, settle
+
+log = logging.getLogger(__name__)
 
 CANCEL_TIMEOUT_S = 5.0
 CANCEL_POLL_S = 0.0005
@@ -87,6 +90,7 @@ class KVReceiver:
         self.cache = kv_cache
         self.num_pieces = num_pieces
         self.bytes_received = 0  # whole blocks landed, K and V of every layer
+        self.rejected_messages = 0  # pieces that arrived without their full token: never landed
         self.seconds = 0.0  # summed expect() -> DONE time of finished transfers
         self._runtime = UcxRuntime(config)
         self._pool = StagingPool(config.staging_pool_bytes)
@@ -185,6 +189,17 @@ class KVReceiver:
             raise KeyError(f"request_id: {request_id!r} is not expected here")
         return entry
 
+    def _count_rejected(self, request_id: str) -> None:
+        """Counted always (pdserve_decode_kv_rejected_messages), logged once: a peer sending
+        wrong tokens must not be able to flood the log."""
+        self.rejected_messages += 1
+        if self.rejected_messages == 1:
+            log.warning(
+                "KV transfer for %r: a message without its token was refused (later ones are "
+                "only counted in pdserve_decode_kv_rejected_messages)",
+                request_id,
+            )
+
     def _land(self, entry: _Incoming) -> None:
         """Scatters every newly completed piece; a failed or tokenless one fails the transfer."""
         staging = entry.staging
@@ -201,6 +216,7 @@ class KVReceiver:
                 return  # the staging stays with the entry until every receive completes
             if not piece.carries(entry.descriptor.token):
                 entry.state, entry.error = TransferState.FAILED, "message without the token"
+                self._count_rejected(entry.descriptor.request_id)
                 return
             piece.scatter_into(self.cache, index)
             entry.landed.add(number)

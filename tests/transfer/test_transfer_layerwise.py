@@ -81,8 +81,10 @@ def test_a_short_piece_never_lands_and_cancel_frees_the_rest(peers: tuple[Peer, 
     prefill, decode = peers
     before = decode.call("cache")
     descriptor = decode.call("expect", "short", DST_BLOCKS, LAYOUT)
+    rejected = decode.call("rejected")
     prefill.call("send_short", descriptor, 1)  # right tag, no token trailer
     assert decode.call("wait", "short", WAIT_S) == "failed"
+    assert decode.call("rejected") == rejected + 1  # counted (a metric on decode)
     assert _same(decode.call("cache"), before)
     idle = decode.call("idle_staging")
     decode.call("cancel", "short")  # pieces 0 and 2 are still posted: cancel completes them

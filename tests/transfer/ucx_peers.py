@@ -201,6 +201,7 @@ _COMMANDS: dict[str, Any] = {
         peer.idle_staging_bytes if hasattr(peer, "idle_staging_bytes") else peer.pool.idle_bytes
     ),
     "cache": lambda peer, cache: cache.tensor.clone(),
+    "rejected": lambda peer, cache: peer.rejected_messages,
     "counters": lambda peer, cache: (
         getattr(peer, "bytes_received", getattr(peer, "bytes_sent", 0)),
         peer.seconds,
