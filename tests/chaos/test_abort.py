@@ -31,7 +31,9 @@ def test_cancel_in_prefill_frees_the_reservation(
         for _ in range(chaos_rounds):
             asyncio.run(_cancel_while_decode_is_busy(cluster, long_prompt, prompts[:4]))
             # Far below decode's 120 s reservation TTL, which was the only other way out.
+            cancelled_at = time.monotonic()
             wait_all_blocks_free(cluster, timeout_s=5.0)
+            print(f"chaos abort: every block free {time.monotonic() - cancelled_at:.2f} s after")
     finally:
         cluster.stop()
 
