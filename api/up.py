@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
+from pdserve.router.policy import RoutingPolicy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         0,
         "the router's rule: prompts shorter than this are prefilled on decode (0: never)",
     )
+    add_flag(
+        parser,
+        "--routing-policy",
+        str,
+        RoutingPolicy.LEAST_LOADED.value,
+        "the router's worker choice: least-loaded, or prefix (prefer recent prompt prefixes)",
+        choices=[policy.value for policy in RoutingPolicy],
+    )
     parser.add_argument(
         "worker_args", nargs=argparse.REMAINDER, help="after --: engine flags for every worker"
     )
@@ -51,7 +60,12 @@ def run(args: argparse.Namespace) -> int:
         base_port=args.port,
         metrics_base_port=args.metrics_port,
         worker_args=worker_args,
-        router_args=("--disagg-threshold", str(args.disagg_threshold)),
+        router_args=(
+            "--disagg-threshold",
+            str(args.disagg_threshold),
+            "--routing-policy",
+            args.routing_policy,
+        ),
         http_port=args.http_port,
     )
     stop = threading.Event()

@@ -121,7 +121,7 @@ class Scheduler:
                 return  # nothing worse than a request preempted this step may take its place
             # Fresh: nothing computed yet (not swapped, no KV that arrived from the prefill tier).
             fresh = request.status is RequestStatus.WAITING and not request.block_ids
-            num_cached = self._take_cached_prefix(request) if fresh else 0
+            num_cached = self.take_cached_prefix(request) if fresh else 0
             num_new = min(request.target_tokens - request.num_computed_tokens, step.budget)
             if not self._make_room(request, num_new, step):
                 if num_cached:  # gives its cached prefix back
@@ -182,7 +182,7 @@ class Scheduler:
             self.running.append(fork)
         leader.forks = []
 
-    def _take_cached_prefix(self, request: Request) -> int:
+    def take_cached_prefix(self, request: Request) -> int:
         """A fresh request takes the cached blocks of its tokens but the last; how many tokens."""
         if not self.block_pool.enable_caching:
             return 0

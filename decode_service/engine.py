@@ -3,12 +3,16 @@
 A request's path through decode (traced, as SGLang's disaggregation docs do):
 1. `reserve` (Decode.Reserve): validates, takes blocks for the prompt's KV — or queues the
    reservation until blocks free up (bounded: a full queue is RESOURCE_EXHAUSTED) — and posts the
-   UCX receive. Status WAITING_FOR_KV; the request is in no scheduler queue yet.
+   UCX receive. Leading prompt blocks this worker's prefix cache holds are taken by reference
+   (as the scheduler does for a fresh request) and left out of the descriptor's `block_ids`:
+   `num_cached_blocks` tells prefill not to send them, and the receive expects only the rest.
+   Status WAITING_FOR_KV; the request is in no scheduler queue yet.
 2. `start` (Decode.Generate): the router hands over prefill's first token. From now on `poll`
    watches the transfer without blocking.
-3. KV landed: the first token is appended (it may already finish the request) and the request
-   joins the scheduler's waiting queue with `num_computed_tokens = prompt length`, so its next
-   step is a one-token decode. Preemption, swap and recompute then work as in the offline engine.
+3. KV landed: the prompt's full blocks join the prefix cache (so they outlive the request), the
+   first token is appended (it may already finish the request) and the request joins the
+   scheduler's waiting queue with `num_computed_tokens = prompt length`, so its next step is a
+   one-token decode. Preemption, swap and recompute then work as in the offline engine.
 Reservations nobody claims within `reservation_ttl_s` (a router that died) are freed, and so are
 transfers that do not land within `kv_timeout_s`.
 """
@@ -16,6 +20,7 @@ transfers that do not land within `kv_timeout_s`.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +82,7 @@ class DecodeEngine(LLMEngine):
         self._queued: deque[_Reservation] = deque()  # waiting for free blocks
         self._reserved: dict[str, _Reservation] = {}  # blocks held, KV expected
         self._failed: dict[str, str] = {}  # freed before Generate came: request id -> why
+        self.num_reused_blocks = 0  # prompt blocks reservations found cached: they never traveled
 
     # -- commands (engine thread) ---------------------------------------------------------
 
@@ -136,8 +142,7 @@ class DecodeEngine(LLMEngine):
         if request_id in self._reserved:
             reservation = self._reserved.pop(request_id)
             self.receiver.cancel(request_id)
-            self.scheduler.block_pool.free(reservation.request.block_ids)
-            reservation.request.block_ids = []
+            self._give_back(reservation.request)
             reservation.request.status = RequestStatus.FINISHED_ABORTED
             self._detokenizers.pop(request_id, None)
             return
@@ -183,31 +188,65 @@ class DecodeEngine(LLMEngine):
         while self._queued and not (self.scheduler.swapped or self.scheduler.waiting):
             reservation = self._queued[0]
             request = reservation.request
-            block_ids = self.scheduler.block_pool.allocate(
-                blocks_for(request.num_prompt_tokens, self.config.block_size)
-            )
-            if block_ids is None:
+            if not self._take_blocks(request):
                 return
             self._queued.popleft()
-            request.block_ids = block_ids
             request.status = RequestStatus.WAITING_FOR_KV
+            num_cached = request.num_computed_tokens // self.config.block_size
             try:
-                descriptor = self.receiver.expect(request.request_id, block_ids, self.layout)
+                expected = self.receiver.expect(
+                    request.request_id, request.block_ids[num_cached:], self.layout
+                )
             except Exception as error:  # the caller learns why; the blocks go back
-                self.scheduler.block_pool.free(block_ids)
+                self._give_back(request)
                 reservation.granted.set_exception(error)
                 continue
+            self._count_reuse(request, num_cached)
+            descriptor = dataclasses.replace(expected, num_cached_blocks=num_cached)
             reservation.descriptor = descriptor
             reservation.since = time.monotonic()
             self._reserved[request.request_id] = reservation
             reservation.granted.set_result(descriptor)
+
+    def _take_blocks(self, request: Request) -> bool:
+        """The prompt's cached leading blocks (by reference) and new ones for the rest, or
+        nothing. At most all but the block of the last prompt token are cached
+        (`take_cached_prefix`), so at least that block travels."""
+        self.scheduler.take_cached_prefix(request)
+        needed = blocks_for(request.num_prompt_tokens, self.config.block_size)
+        fresh = self.scheduler.block_pool.allocate(needed - len(request.block_ids))
+        if fresh is None:
+            self._give_back(request)
+            return False
+        request.block_ids.extend(fresh)
+        return True
+
+    def _give_back(self, request: Request) -> None:
+        """Drops the request's reference on each of its blocks, the last first (as the
+        scheduler frees: a prefix's tail is evicted before its head)."""
+        self.scheduler.block_pool.free(request.block_ids[::-1])
+        request.block_ids = []
+        request.num_computed_tokens = 0
+
+    def _count_reuse(self, request: Request, num_cached: int) -> None:
+        self.num_reused_blocks += num_cached
+        self.scheduler.num_prefix_query_tokens += request.num_prompt_tokens
+        self.scheduler.num_prefix_hit_tokens += num_cached * self.config.block_size
+
+    @property
+    def saved_kv_bytes(self) -> int:
+        """KV bytes that did not travel because this worker held the blocks already."""
+        return self.num_reused_blocks * int(self.layout.block_nbytes)
 
     def _admit(self, reservation: _Reservation) -> TokenDelta:
         request = reservation.request
         assert reservation.first_token is not None  # only started reservations are polled
         del self._reserved[request.request_id]
         self.receiver.cancel(request.request_id)  # forgets the finished transfer
-        request.num_computed_tokens = request.num_prompt_tokens
+        # Registers the prompt's full blocks: later reservations sharing the prefix reuse them.
+        self.scheduler.record_computed(
+            request, request.num_prompt_tokens - request.num_computed_tokens
+        )
         self._seed_generator(request)
         self.requests[request.request_id] = request
         self._detokenizers[request.request_id] = self._new_detokenizer(request.params)

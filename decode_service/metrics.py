@@ -58,6 +58,14 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     Gauge("pdserve_decode_kv_received_bytes", "KV bytes received over UCX").set_function(
         lambda: getattr(receiver, "bytes_received", 0)
     )
+    Gauge(
+        "pdserve_decode_kv_reused_blocks",
+        "Prompt blocks reservations found in this worker's prefix cache (not transferred)",
+    ).set_function(lambda: engine.num_reused_blocks)
+    Gauge(
+        "pdserve_decode_kv_saved_bytes",
+        "KV bytes not transferred because this worker held the prompt's leading blocks",
+    ).set_function(lambda: engine.saved_kv_bytes)
     Gauge("pdserve_decode_kv_transfer_seconds", "Summed KV transfer time").set_function(
         lambda: getattr(receiver, "seconds", 0.0)
     )

@@ -4,7 +4,8 @@ Prompts share steps under the token budget (long ones in chunks) exactly as in t
 the difference is what happens when a prompt completes. In the step where it completes, its
 transfer is opened before the forward pass, and each group of layers (one piece of the descriptor)
 is gathered and pushed over UCX into the blocks decode reserved as soon as the forward has written
-that group's K/V, so the wire time overlaps the rest of the forward; `_append` (after sampling)
+that group's K/V, so the wire time overlaps the rest of the forward (only the blocks after the
+`num_cached_blocks` decode holds already travel); `_append` (after sampling)
 pushes whatever is left and frees the blocks (every push copies before it returns), and the
 caller's future resolves when decode has every piece.
 """
@@ -84,13 +85,7 @@ class PrefillEngine(LLMEngine):
     ) -> concurrent.futures.Future[PrefillOutcome]:
         """Queues a prompt (engine thread); the future resolves once decode has its KV."""
         check_layout(self.layout, destination.layout)  # LayoutMismatchError names both
-        needed = blocks_for(len(prompt_token_ids), self.config.block_size)
-        if len(destination.block_ids) != needed:
-            raise InvalidRequestError(
-                "destination.block_ids",
-                f"{len(destination.block_ids)} blocks for a {len(prompt_token_ids)}-token prompt "
-                f"(needs {needed})",
-            )
+        self._check_blocks(len(prompt_token_ids), destination)
         if not 1 <= destination.num_pieces <= self.layout.num_layers:
             raise InvalidRequestError(
                 "destination.num_pieces",
@@ -100,6 +95,23 @@ class PrefillEngine(LLMEngine):
         job = _Job(destination, concurrent.futures.Future(), time.monotonic())
         self._jobs[request_id] = job
         return job.outcome
+
+    def _check_blocks(self, num_tokens: int, destination: TransferDescriptor) -> None:
+        """Decode holds the first `num_cached_blocks` blocks; `block_ids` must be the rest, and
+        the block of the last prompt token always travels."""
+        needed = blocks_for(num_tokens, self.config.block_size)
+        cached = destination.num_cached_blocks
+        if not 0 <= cached < needed:
+            raise InvalidRequestError(
+                "destination.num_cached_blocks",
+                f"{cached} cached blocks for a {num_tokens}-token prompt (must be < {needed})",
+            )
+        if len(destination.block_ids) != needed - cached:
+            raise InvalidRequestError(
+                "destination.block_ids",
+                f"{len(destination.block_ids)} blocks for a {num_tokens}-token prompt with "
+                f"{cached} cached (needs {needed - cached})",
+            )
 
     def abort(self, request_id: str) -> None:
         job = self._jobs.pop(request_id, None)
@@ -132,8 +144,12 @@ class PrefillEngine(LLMEngine):
     def _open(self, request_id: str) -> _Job:
         job, request = self._jobs[request_id], self.requests[request_id]
         try:
+            skipped = job.destination.num_cached_blocks  # decode holds these already
             job.sending = self.sender.open(
-                job.destination, self.runner.kv_cache, request.block_ids, request.num_prompt_tokens
+                job.destination,
+                self.runner.kv_cache,
+                request.block_ids[skipped:],
+                request.num_prompt_tokens - skipped * self.config.block_size,
             )
             job.groups = layer_groups(self.layout.num_layers, job.destination.num_pieces)
         except Exception as error:  # this request fails alone; the step goes on

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.core.serving.tls import ChannelTls
+from pdserve.router.policy import RoutingPolicy
 
 
 class Tier(enum.Enum):
@@ -60,6 +61,9 @@ class RouterConfig:
     # Prefill calls in flight per healthy prefill worker at which the tier counts as saturated
     # and long prompts too are prefilled locally (with a threshold > 0); 0 = never saturated.
     max_prefill_queue: int = 4
+    # How a worker is chosen in each tier: least loaded, or the one whose recent prompts share
+    # the most leading blocks with this one, within a load bound (policy.py `prefix_choice`).
+    routing_policy: RoutingPolicy = RoutingPolicy.LEAST_LOADED
     # Times one request may move to another decode worker after losing its own.
     max_migrations: int = 3
     # The router's channels to the workers: TLS/mTLS settings (None: plaintext), message bound.

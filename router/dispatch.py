@@ -133,7 +133,7 @@ class Dispatcher:
         avoid: Collection[str],
     ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
         """Colocated: the decode worker prefills the prompt itself."""
-        decode = self.registry.decode.pick(avoid=avoid)
+        decode = self.registry.decode.pick(avoid=avoid, prompt=request.prompt_token_ids)
         await self.aborts.settled(decode.address, request.request_id)
         self.registry.decode.acquire(decode)
         message = decode_pb2.GenerateLocalRequest(

@@ -27,6 +27,7 @@ from pdserve.router.admission import Admission
 from pdserve.router.config import RequestCaps, RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.http.app import HttpDoor, build_app
+from pdserve.router.policy import RoutingPolicy
 from pdserve.router.registry import Registry
 from pdserve.router.servicer import SERVICE_NAME, RouterServicer
 from pdserve.router.targets import Resolver, parse_targets, resolve_dns
@@ -106,6 +107,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         group,
+        "--routing-policy",
+        str,
+        defaults.routing_policy.value,
+        "least-loaded, or prefix: prefer the worker whose recent prompts share the most "
+        "leading KV blocks, within a load bound (docs/router.md)",
+        choices=[policy.value for policy in RoutingPolicy],
+    )
+    add_flag(
+        group,
         "--max-migrations",
         int,
         defaults.max_migrations,
@@ -175,6 +185,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         disagg_threshold=args.disagg_threshold,
         max_prefill_queue=args.max_prefill_queue,
         max_migrations=args.max_migrations,
+        routing_policy=RoutingPolicy(args.routing_policy),
         caps=RequestCaps(
             max_prompt_tokens=args.max_prompt_tokens,
             max_tokens=args.max_tokens,

@@ -9,10 +9,14 @@ Order of preference: the fewest queued requests (waiting + sent since the poll: 
 run yet), then the fewest running (a bigger batch makes every step slower), then the smallest
 fraction of KV blocks in use (a fuller cache is closer to making Reserve wait or to preempting).
 Exact ties (typically idle workers) go round robin, so equal workers share the traffic.
+
+With `--routing-policy prefix`, `prefix_choice` first prefers the worker most likely to hold the
+prompt's leading KV blocks in its prefix cache (router/prefix_map.py), within a load bound.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,3 +55,43 @@ def least_loaded(loads: Sequence[WorkerLoad], turn: int) -> int:
     best = min(keys)
     tied = [index for index, key in enumerate(keys) if key == best]
     return tied[turn % len(tied)]
+
+
+class RoutingPolicy(enum.Enum):
+    """`--routing-policy`: how a worker is chosen among the healthy ones of a tier."""
+
+    LEAST_LOADED = "least-loaded"
+    PREFIX = "prefix"  # the worker whose recent prompts share the most leading blocks (see below)
+
+
+# A worker whose map matches is passed over when it has more than this many queued requests
+# beyond the least-loaded worker: past that, waiting costs more than recomputing (or
+# re-sending) a prefix. SGLang's cache-aware router has the same escape (balance thresholds).
+PREFIX_BALANCE_SLACK = 4
+# Matches shorter than this share of the prompt's full blocks (a chat template's header, say)
+# do not count: they save little and would pile unrelated requests onto one worker.
+MIN_PREFIX_SHARE = 0.25
+
+
+def prefix_choice(
+    loads: Sequence[WorkerLoad], matched: Sequence[int], num_blocks: int, turn: int
+) -> int:
+    """Index of the worker for a prompt of `num_blocks` full blocks, `matched[i]` of whose
+    leading blocks worker i has seen recently.
+
+    The workers with the longest match, if it covers at least MIN_PREFIX_SHARE of the blocks;
+    of those the least loaded, unless its queue exceeds the least-loaded worker's by more than
+    PREFIX_BALANCE_SLACK or its KV blocks are all in use. Otherwise (no useful match, or the
+    matching worker is overloaded): `least_loaded`.
+    """
+    if len(matched) != len(loads):
+        raise ValueError(f"matched: {len(matched)} counts for {len(loads)} workers")
+    fallback = least_loaded(loads, turn)
+    best = max(matched, default=0)
+    if best == 0 or best < MIN_PREFIX_SHARE * num_blocks:
+        return fallback
+    holders = [index for index, count in enumerate(matched) if count == best]
+    chosen = holders[least_loaded([loads[index] for index in holders], turn)]
+    queued = load_key(loads[chosen])[0] - load_key(loads[fallback])[0]
+    full = loads[chosen].num_total_blocks > 0 and loads[chosen].num_free_blocks == 0
+    return fallback if queued > PREFIX_BALANCE_SLACK or full else chosen

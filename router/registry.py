@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -22,7 +22,8 @@ from pdserve.core.serving.server import message_limits
 from pdserve.core.serving.tls import secure_channel
 from pdserve.router import metrics
 from pdserve.router.config import RouterConfig, Tier
-from pdserve.router.policy import WorkerLoad, least_loaded
+from pdserve.router.policy import RoutingPolicy, WorkerLoad, least_loaded, prefix_choice
+from pdserve.router.prefix_map import PrefixMap
 from pdserve.router.targets import DnsTargets, Resolver, StaticTargets, parse_targets, resolve_dns
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
@@ -91,6 +92,8 @@ class WorkerPool(Generic[StubT]):
         self._tls = config.worker_tls
         self._channel_options = message_limits(config.max_message_bytes)
         self._turn = 0
+        prefix = config.routing_policy is RoutingPolicy.PREFIX
+        self.prefix_map = PrefixMap(config.block_size) if prefix else None
         self._closing: set[asyncio.Task[None]] = set()
 
     def set_addresses(self, addresses: Iterable[str]) -> None:
@@ -98,6 +101,8 @@ class WorkerPool(Generic[StubT]):
         for address in wanted - self.workers.keys():
             channel = secure_channel(address, self._tls, self._channel_options)
             self.workers[address] = Worker(address, channel, self._make_stub(channel))
+            if self.prefix_map is not None:
+                self.prefix_map.forget(address)  # a new process behind a known address
             log.info("%s worker added: %s", self.tier.value, address)
         for address in wanted & self.workers.keys():
             if self.workers[address].removed:  # back in DNS before its last call ended
@@ -111,8 +116,9 @@ class WorkerPool(Generic[StubT]):
             self._close_if_idle(worker)
         self._update_gauges()
 
-    def pick(self, avoid: Collection[str] = ()) -> Worker[StubT]:
-        """The least-loaded healthy worker, preferring those not in `avoid` (already tried)."""
+    def pick(self, avoid: Collection[str] = (), prompt: Sequence[int] = ()) -> Worker[StubT]:
+        """A healthy worker for `prompt`, preferring those not in `avoid` (already tried): the
+        least loaded, or under `--routing-policy prefix` the `prefix_choice`."""
         live = [w for w in self.workers.values() if not w.removed]
         # Only slow ones left: a busy worker serves late, which beats refusing the request.
         usable = [w for w in live if w.healthy] or [w for w in live if w.slow]
@@ -121,7 +127,13 @@ class WorkerPool(Generic[StubT]):
         if not candidates:
             raise NoHealthyWorkerError(self.tier)
         self._turn += 1
-        chosen: Worker[StubT] = candidates[least_loaded([w.load() for w in candidates], self._turn)]
+        loads = [w.load() for w in candidates]
+        if self.prefix_map is None:
+            return candidates[least_loaded(loads, self._turn)]
+        hashes = self.prefix_map.hashes(prompt)
+        matched = [self.prefix_map.matched(w.address, hashes) for w in candidates]
+        chosen = candidates[prefix_choice(loads, matched, len(hashes), self._turn)]
+        self.prefix_map.record(chosen.address, hashes)
         return chosen
 
     def acquire(self, worker: Worker[StubT]) -> None:
@@ -182,6 +194,8 @@ class WorkerPool(Generic[StubT]):
     def _close_if_idle(self, worker: Worker[StubT]) -> None:
         if worker.removed and worker.in_flight == 0 and self.workers.get(worker.address) is worker:
             del self.workers[worker.address]
+            if self.prefix_map is not None:
+                self.prefix_map.forget(worker.address)
             task = asyncio.get_running_loop().create_task(worker.channel.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)

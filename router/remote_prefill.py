@@ -92,7 +92,7 @@ class RemotePrefill:
         tried_prefill: set[str],
     ) -> Handoff:
         pool = self.registry.decode
-        decode = pool.pick(avoid=tried_decode)
+        decode = pool.pick(avoid=tried_decode, prompt=request.prompt_token_ids)
         tried_decode.add(decode.address)
         pool.acquire(decode)
         handed_off = False
@@ -146,7 +146,7 @@ class RemotePrefill:
         tried: set[str],
     ) -> prefill_pb2.PrefillResult:
         pool = self.registry.prefill
-        worker = pool.pick(avoid=tried)
+        worker = pool.pick(avoid=tried, prompt=request.prompt_token_ids)
         tried.add(worker.address)
         message = prefill_pb2.PrefillRequest(
             request_id=request.request_id,

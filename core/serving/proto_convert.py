@@ -97,6 +97,7 @@ def descriptor_to_proto(descriptor: TransferDescriptor) -> common_pb2.TransferDe
         layout=layout_to_proto(descriptor.layout),
         transfer_token=descriptor.token,
         num_pieces=descriptor.num_pieces,
+        num_cached_blocks=descriptor.num_cached_blocks,
     )
 
 
@@ -108,4 +109,5 @@ def descriptor_from_proto(message: common_pb2.TransferDescriptor) -> TransferDes
         layout=layout_from_proto(message.layout),
         token=message.transfer_token,
         num_pieces=message.num_pieces or 1,  # unset: one message, as before pieces existed
+        num_cached_blocks=message.num_cached_blocks,
     )

@@ -8,7 +8,9 @@ piece (a group of layers) as soon as the forward pass has written it, then `done
 FAILED. The token in the descriptor is the only thing that lets bytes land in decode's blocks.
 
 What travels is whole blocks: `len(block_ids) * layout.block_nbytes` bytes, also for a prompt that
-fills its last block only partly. The counters count exactly those bytes.
+fills its last block only partly. The counters count exactly those bytes. When decode already holds
+the prompt's first `num_cached_blocks` blocks (its prefix cache), `block_ids` are only the blocks
+after them: the transfer itself never sees the cached ones.
 """
 
 from __future__ import annotations
@@ -56,10 +58,13 @@ class TransferDescriptor:
 
     request_id: str
     peer_address: bytes  # decode's UCX worker address (opaque bytes; a hub key for local)
-    block_ids: tuple[int, ...]  # decode-side block ids, in prompt order
+    block_ids: tuple[int, ...]  # decode-side block ids, in prompt order, after the cached ones
     layout: KVLayout
     token: bytes  # secrets.token_bytes(16): the only credential that lets bytes land
     num_pieces: int = 1  # messages the KV travels in, one per group of layers (decode chooses)
+    # Leading prompt blocks decode holds already (its prefix cache): prefill sends its blocks
+    # [num_cached_blocks:] into `block_ids`, nothing of the first ones.
+    num_cached_blocks: int = 0
 
     @property
     def nbytes(self) -> int:

@@ -118,7 +118,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "router": {"httpPort": 8080},
     },
     "custom-metrics-loadbalancer": {
-        "router": {"service": {"type": "LoadBalancer"}, "maxQueue": 256},
+        "router": {
+            "service": {"type": "LoadBalancer"},
+            "maxQueue": 256,
+            "routingPolicy": "prefix",
+        },
         "prefill": {"autoscaling": {"podsMetric": {"enabled": True}, "cpu": {"enabled": False}}},
         "decode": {
             "autoscaling": {

@@ -17,6 +17,9 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- with $cfg.maxQueue }}
 - --max-queue={{ . }}
 {{- end }}
+{{- with $cfg.routingPolicy }}
+- --routing-policy={{ . }}
+{{- end }}
 {{- with $cfg.maxPromptTokens }}
 - --max-prompt-tokens={{ . }}
 {{- end }}

@@ -1,0 +1,67 @@
+"""What the router remembers of each worker's prefix cache: the block hashes of the prompts it
+sent there recently (`--routing-policy prefix`).
+
+An approximation, as SGLang's cache-aware router and llm-d's prefix scorer keep one: the router
+never asks a worker what it caches. It hashes each prompt's full blocks itself (the workers'
+chained hashes, `core.block_pool.chain_hashes`, under a root of its own: it only compares against
+its own map) and assumes that a worker it sent a prompt to holds those blocks until
+`MAX_BLOCKS_PER_WORKER` newer ones push them out (least recently routed first). A worker evicting
+sooner only costs a wrong preference, never a wrong answer: the worker's own cache decides what
+is reused.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from pdserve.core.block_pool import BlockHash, cache_root, chain_hashes
+
+# Per worker: 4096 blocks of 16 tokens are 64 Ki prompt tokens, about what the default decode
+# pool (1024 blocks) and a few of its recent requests' prefixes hold; bounded memory (~300 KiB).
+MAX_BLOCKS_PER_WORKER = 4096
+_ROOT = cache_root("pdserve-router")
+
+
+class PrefixMap:
+    def __init__(self, block_size: int, max_blocks: int = MAX_BLOCKS_PER_WORKER) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks: must be >= 1, got {max_blocks}")
+        self.block_size = block_size
+        self.max_blocks = max_blocks
+        self._seen: dict[str, OrderedDict[BlockHash, None]] = {}
+
+    def hashes(self, prompt: Sequence[int]) -> list[BlockHash]:
+        """The prompt's full blocks, chained (equal hashes: equal leading tokens)."""
+        known: list[BlockHash] = []
+        chain_hashes(_ROOT, prompt, self.block_size, known)
+        return known
+
+    def matched(self, worker: str, hashes: Sequence[BlockHash]) -> int:
+        """How many leading blocks of `hashes` were routed to `worker` recently."""
+        seen = self._seen.get(worker)
+        count = 0
+        if seen is None:
+            return count
+        for block_hash in hashes:
+            if block_hash not in seen:
+                break
+            count += 1
+        return count
+
+    def record(self, worker: str, hashes: Sequence[BlockHash]) -> None:
+        """`worker` got a prompt with these blocks: they are its most recent, the head most of
+        all (it is the part other prompts share, so it is forgotten last)."""
+        seen = self._seen.setdefault(worker, OrderedDict())
+        for block_hash in reversed(hashes):
+            seen[block_hash] = None
+            seen.move_to_end(block_hash)
+        while len(seen) > self.max_blocks:
+            seen.popitem(last=False)
+
+    def forget(self, worker: str) -> None:
+        """A worker left (or came back as a new process): nothing of its cache is known."""
+        self._seen.pop(worker, None)
+
+    def num_blocks(self, worker: str) -> int:
+        return len(self._seen.get(worker, ()))
