@@ -83,3 +83,20 @@ async def greedy_outputs(
             *(client.generate(build_request(p, sampling=sampling)) for p in prompts)
         )
     return [list(reply.token_ids) for reply in replies]
+
+
+async def cancel_while_sharing(cluster: Cluster, long: list[int], short: list[int]) -> int:
+    """Streams `long` endlessly; after its first token runs `short` (which shares its prefix, so
+    it takes references on the blocks `long` holds) to the end, then cancels `long` after three
+    tokens. Returns the tokens `long` streamed."""
+    endless = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
+    few = SamplingParams(max_tokens=4, temperature=0.0)
+    received = 0
+    async with GenerationClient.connect(cluster.router.address) as client:
+        async for chunk in client.generate_stream(build_request(long, sampling=endless)):
+            received += len(chunk.token_ids)
+            if received == 1:
+                await client.generate(build_request(short, sampling=few))
+            if received >= 3:
+                break  # leaving the loop cancels the call
+    return received

@@ -23,7 +23,7 @@ from pdserve.core.scheduler import blocks_for
 from tests.conftest import SHARED_MAX_TOKENS
 
 from .conftest import start_cluster
-from .helpers import metric, wait_all_blocks_free
+from .helpers import cancel_while_sharing, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
@@ -116,19 +116,7 @@ def test_repeated_prefixes_send_only_missing_blocks(
 def test_cancelled_stream_sharing_a_cached_prefix_frees_every_block(
     policy_cluster: Cluster, shared_prompts: list[list[int]]
 ) -> None:
-    async def run() -> int:
-        endless = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
-        short = SamplingParams(max_tokens=4, temperature=0.0)
-        received = 0
-        async with GenerationClient.connect(policy_cluster.router.address) as client:
-            stream = client.generate_stream(build_request(shared_prompts[8], sampling=endless))
-            async for chunk in stream:
-                received += len(chunk.token_ids)
-                if received == 1:  # it holds the cached prefix: one more takes it too
-                    await client.generate(build_request(shared_prompts[7], sampling=short))
-                if received >= 3:
-                    break  # leaving the loop cancels the call
-        return received
-
-    assert asyncio.run(run()) >= 3
+    """Both hold the cached prefix (two references); the cancel drops one, the finish the other."""
+    received = asyncio.run(cancel_while_sharing(policy_cluster, *shared_prompts[7:9][::-1]))
+    assert received >= 3
     wait_all_blocks_free(policy_cluster)

@@ -16,7 +16,7 @@ from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster
 from tests.conftest import SHARED_MAX_TOKENS
 
-from .helpers import metric, wait_all_blocks_free
+from .helpers import cancel_while_sharing, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
@@ -49,19 +49,6 @@ def test_prefill_reuses_cached_prefixes_and_matches_transformers(
 def test_cancel_of_a_stream_sharing_a_prefix_frees_every_block(
     cluster: Cluster, shared_prompts: list[list[int]]
 ) -> None:
-    async def run() -> int:
-        endless = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
-        short = SamplingParams(max_tokens=4, temperature=0.0)
-        received = 0
-        async with GenerationClient.connect(cluster.router.address) as client:
-            stream = client.generate_stream(build_request(shared_prompts[-1], sampling=endless))
-            async for chunk in stream:
-                received += len(chunk.token_ids)
-                if received == 1:  # the long one holds its blocks: run one sharing its prefix
-                    await client.generate(build_request(shared_prompts[-2], sampling=short))
-                if received >= 3:
-                    break  # leaving the loop cancels the call
-        return received
-
-    assert asyncio.run(run()) >= 3
+    received = asyncio.run(cancel_while_sharing(cluster, shared_prompts[-1], shared_prompts[-2]))
+    assert received >= 3
     wait_all_blocks_free(cluster)
