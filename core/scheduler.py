@@ -127,7 +127,12 @@ class Scheduler:
                 if num_cached:  # gives its cached prefix back
                     self._free_blocks(request)
                     request.num_computed_tokens = 0
-                return  # head-of-line: admitting later ones first would break the order
+                if self.running:
+                    return  # head-of-line: admitting later ones first would break the order
+                # Nothing runs, so nothing will free blocks for it: only waiting requests that
+                # hold blocks already (decode: their KV arrived from prefill) can move. Waiting
+                # for the head would wait forever.
+                continue
             if fresh:
                 self.num_prefix_query_tokens += request.num_tokens
                 self.num_prefix_hit_tokens += num_cached

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.request import Request
+from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler
 
@@ -23,6 +23,26 @@ def test_a_request_whose_kv_arrived_keeps_its_blocks() -> None:
     assert output.num_scheduled_tokens == {"r": 1}
     assert request.block_ids == blocks and request.num_computed_tokens == 9
     assert scheduler.num_prefix_query_tokens == 0
+
+
+def test_a_swapped_request_that_cannot_fit_does_not_block_arrived_kv() -> None:
+    """Decode under a small pool: the swapped head needs more blocks than are free, and the
+    free ones will only come from requests whose KV arrived, waiting behind it. With nothing
+    running, the head-of-line rule would wait forever (found by test_kv_sharing_cluster)."""
+    scheduler = Scheduler(EngineConfig(block_size=4, num_kv_blocks=6, num_swap_blocks=4))
+    head = Request("head", list(range(16)), SamplingParams(max_tokens=4), 0, 0.0)
+    head.status, head.num_computed_tokens = RequestStatus.SWAPPED, 16
+    head.swap_block_ids = scheduler.swap_pool.allocate(4) or []
+    head.output_token_ids.append(5)
+    scheduler.swapped.append(head)
+    arrived = Request("arrived", list(range(8)), SamplingParams(max_tokens=4), 1, 0.0)
+    arrived.block_ids, arrived.num_computed_tokens = scheduler.block_pool.allocate(2) or [], 8
+    arrived.output_token_ids.append(5)
+    scheduler.add(arrived)
+    assert scheduler.schedule().num_scheduled_tokens == {"arrived": 1}
+    scheduler.record_computed(arrived, 1)
+    scheduler.finish(arrived, RequestStatus.FINISHED_LENGTH)
+    assert scheduler.schedule().num_scheduled_tokens == {"head": 1}  # five blocks free now
 
 
 def test_forks_share_full_blocks_and_copy_the_partial_one() -> None:
