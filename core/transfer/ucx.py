@@ -127,6 +127,7 @@ class KVReceiver:
             if request_id in self._incoming:
                 raise ValueError(f"request_id: {request_id!r} is already expected")
             staging = self._pool.acquire(layout, len(ids), self.num_pieces)
+            self._runtime.refill_futures()  # one future per receive, made on the loop thread
             requests = [
                 self._runtime.worker.tag_recv(
                     Array(piece.raw.numpy()), ucx_api.UCXXTag(piece_tag(token, index))

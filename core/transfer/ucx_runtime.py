@@ -108,6 +108,13 @@ class UcxRuntime:
         """Runs `coroutine` on the UCX loop thread and waits for its result."""
         return self.submit(coroutine).result(timeout=timeout_s)
 
+    def refill_futures(self) -> None:
+        """Tops up ucxx's pool of Python futures, on the loop thread, before another thread posts
+        requests. When the pool runs dry ucxx makes futures inline on the posting thread, which
+        has no event loop: that fails and the process dies (a burst of 64 reservations killed a
+        decode worker). The notifier thread refills it too, but only between its waits."""
+        self.call(_populate_futures(self.worker))
+
     def close(self) -> None:
         """Stops the notifier, progress and loop threads (idempotent)."""
         if self._closed:
@@ -119,6 +126,10 @@ class UcxRuntime:
         self.worker.stop_progress_thread()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=5.0)
+
+
+async def _populate_futures(worker: ucx_api.UCXWorker) -> None:
+    worker.populate_python_futures_pool()
 
 
 async def close_endpoint(endpoint: ucx_api.UCXEndpoint) -> None:
