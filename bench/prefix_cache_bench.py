@@ -10,8 +10,8 @@ did not need because its prefix cache held the blocks (`pdserve_decode_kv_saved_
 
     python -m pdserve.bench.prefix_cache_bench --mode colocated
     python -m pdserve.bench.prefix_cache_bench --mode disaggregated --port 55051
-    python -m pdserve.bench.prefix_cache_bench --mode disaggregated --decode 2 \\
-        --routing-policy prefix --port 55051
+    python -m pdserve.bench.prefix_cache_bench --mode disaggregated --decode 2 --cache on \\
+        --routing-policy prefix --port 55051   # then least-loaded: where repeats land
 """
 
 from __future__ import annotations
@@ -132,6 +132,9 @@ def main() -> None:
         default=RoutingPolicy.LEAST_LOADED.value,
         help="the router's (disaggregated)",
     )
+    parser.add_argument(
+        "--cache", choices=["both", "on", "off"], default="both", help="which arms to run"
+    )
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
     prompts = workload(args.requests, args.seed)
@@ -139,7 +142,7 @@ def main() -> None:
     if args.mode == "disaggregated":
         print(f"decode workers {args.decode}, routing policy {args.routing_policy}")
     print("cache  ttft_p50_s  ttft_p99_s  prefill_tokens_computed  kv_sent_MiB  kv_saved_MiB")
-    for caching in (False, True):
+    for caching in {"both": (False, True), "on": (True,), "off": (False,)}[args.cache]:
         if args.mode == "colocated":
             arm = colocated(prompts, caching)
         else:
