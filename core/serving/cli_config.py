@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.config import KV_CACHE_DTYPES, EngineConfig, SchedulingPolicy
 from pdserve.core.kv_cache import DTYPES
 from pdserve.core.model.precision import QUANTIZATIONS
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig
@@ -55,7 +55,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             choices = [policy.value for policy in SchedulingPolicy]
             add_flag(group, flag, str, default.value, "scheduling policy", choices=choices)
         elif field.name == "dtype":
-            add_flag(group, flag, str, default, "model and KV dtype", choices=sorted(DTYPES))
+            add_flag(
+                group,
+                flag,
+                str,
+                default,
+                "model dtype (the KV cache's too, unless --kv-cache-dtype int8)",
+                choices=sorted(DTYPES),
+            )
+        elif field.name == "kv_cache_dtype":
+            help_text = "KV cache element type (auto: the model dtype)"
+            add_flag(group, flag, str, default, help_text, list(KV_CACHE_DTYPES))
         elif field.name == "quantization":
             add_flag(group, flag, str, default, "weight-only quantization", list(QUANTIZATIONS))
         elif field.name == "device":

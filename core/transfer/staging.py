@@ -84,14 +84,7 @@ def _carve(layout: KVLayout, num_blocks: int, num_pieces: int, raw: torch.Tensor
         payload_nbytes = len(layers) * layer_nbytes
         piece_raw = raw[offset : offset + payload_nbytes + TOKEN_NBYTES]
         piece_raw[payload_nbytes:] = 0  # an incomplete message leaves this empty
-        shape = (
-            len(layers),
-            2,
-            num_blocks,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-        )
+        shape = layout.shape(num_blocks, num_layers=len(layers))
         payload = piece_raw[:payload_nbytes].view(layout.torch_dtype).view(shape)
         pieces.append(Piece(layers, piece_raw, payload))
         offset += payload_nbytes + TOKEN_NBYTES

@@ -136,7 +136,10 @@ def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
     render: Render, contract_worker_flags: frozenset[str]
 ) -> None:
     objects = render(
-        {"engine": {"maxNumSeqs": 32}, "decode": {"engine": {"numSwapBlocks": 512}}},
+        {
+            "engine": {"maxNumSeqs": 32, "kvCacheDtype": "int8"},
+            "decode": {"engine": {"numSwapBlocks": 512}},
+        },
         RELEASE,
         NAMESPACE,
     )
@@ -151,6 +154,7 @@ def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
             assert contract_flag in contract_worker_flags, f"{key}: no {contract_flag} in contract"
         assert data["PDSERVE_BLOCK_SIZE"] == "16"
         assert data["PDSERVE_MAX_NUM_SEQS"] == "32"
+        assert data["PDSERVE_KV_CACHE_DTYPE"] == "int8"  # both tiers: layouts must match
         assert ("PDSERVE_NUM_SWAP_BLOCKS" in data) == (role == "decode")
         env = {e["name"]: e for e in main["env"]}
         assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

@@ -1,0 +1,74 @@
+"""`--kv-cache-dtype int8` through real processes: int8 rows and their scales travel over UCX.
+
+Both tiers int8: the cluster's greedy tokens equal the offline `LLM(kv_cache_dtype="int8")` ones
+(the same int8 rows, computed on prefill and carried to decode with their scales), every block is
+free afterwards. An int8 prefill tier and a float32 decode tier disagree on `KVLayout.dtype`:
+the request is refused with FAILED_PRECONDITION naming both layouts, before a byte moves, and
+neither tier keeps a block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.cluster import Cluster
+from pdserve.core.llm import LLM
+from pdserve.core.sampling_params import SamplingParams as OfflineParams
+
+from .conftest import WORKER_ARGS, start_cluster
+from .helpers import greedy_outputs, load, wait_all_blocks_free
+
+pytestmark = pytest.mark.integration
+
+INT8 = ("--kv-cache-dtype", "int8")
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def int8_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    logs = tmp_path_factory.mktemp("int8-logs")
+    cluster = start_cluster(model_dir, logs, 1, 1, worker_args=WORKER_ARGS + INT8)
+    yield cluster
+    cluster.stop()
+
+
+def test_int8_cluster_gives_the_offline_int8_tokens(
+    int8_cluster: Cluster, model_dir: Path, prompts: list[list[int]]
+) -> None:
+    offline = LLM(model_dir, num_kv_blocks=256, num_swap_blocks=0, kv_cache_dtype="int8")
+    params = OfflineParams(max_tokens=MAX_TOKENS, temperature=0)
+    expected = [list(out.token_ids) for out in offline.generate(prompts, params)]
+    del offline
+    served = asyncio.run(greedy_outputs(int8_cluster, prompts, MAX_TOKENS))
+    assert served == expected
+    wait_all_blocks_free(int8_cluster)
+
+
+def test_int8_prefill_and_float32_decode_refuse_to_exchange_kv(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]]
+) -> None:
+    logs = tmp_path_factory.mktemp("mismatch-logs")
+    cluster = start_cluster(model_dir, logs, 1, 1, prefill_args=INT8)
+    try:
+
+        async def refused() -> grpc.aio.AioRpcError:
+            sampling = SamplingParams(max_tokens=4, temperature=0.0)
+            async with GenerationClient.connect(cluster.router.address) as client:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await client.generate(build_request(prompts[3], sampling=sampling))
+            return caught.value
+
+        error = asyncio.run(refused())
+        assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+        details = error.details() or ""
+        assert "dtype='int8'" in details and "dtype='float32'" in details
+        wait_all_blocks_free(cluster)
+        assert load(cluster.prefill[0]).num_total_blocks > 0  # still serving its Load
+    finally:
+        cluster.stop()
