@@ -24,13 +24,17 @@ from tests.core.test_greedy_matches_hf import SCENARIOS, assert_engine_empty
 GREEDY = SamplingParams(max_tokens=24, temperature=0)
 
 
+def _int8(model_dir: Path, scenario: str) -> LLM:
+    return LLM(model_dir, **{**vars(SCENARIOS[scenario]), "kv_cache_dtype": "int8"})
+
+
 def _tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
     return [list(out.token_ids) for out in llm.generate(prompts, params)]
 
 
 @pytest.fixture(scope="module")
 def roomy_int8(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
-    llm = LLM(model_dir, **vars(SCENARIOS["roomy"]), kv_cache_dtype="int8")
+    llm = _int8(model_dir, "roomy")
     cache = llm.engine.runner.kv_cache
     assert cache.tensor.dtype == torch.int8 and cache.layout.dtype == "int8"
     tokens = _tokens(llm, prompts, GREEDY)
@@ -51,7 +55,7 @@ def test_int8_generates_close_to_transformers(
 def test_preemption_and_chunking_give_the_roomy_int8_tokens(
     scenario: str, model_dir: Path, prompts: list[list[int]], roomy_int8: list[list[int]]
 ) -> None:
-    llm = LLM(model_dir, **vars(SCENARIOS[scenario]), kv_cache_dtype="int8")
+    llm = _int8(model_dir, scenario)
     assert _tokens(llm, prompts, GREEDY) == roomy_int8
     scheduler = llm.engine.scheduler
     if scenario == "swap":
