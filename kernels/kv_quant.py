@@ -49,7 +49,9 @@ def dequantize(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     The scale is read in place as a float32 view of the row's last 4 bytes: valid when head_dim
     is a multiple of 4 (offset and row stride stay 4-byte aligned; KVCache requires it)."""
     scale = rows[..., -SCALE_NBYTES:].view(torch.float32)
-    return (rows[..., :-SCALE_NBYTES].float() * scale).to(dtype)
+    # In place on the fresh float copy: one allocation fewer, which on the CPU is most of the
+    # cost (fresh large buffers page-fault); int8 * float32 in one op took a slow path (14x).
+    return rows[..., :-SCALE_NBYTES].float().mul_(scale).to(dtype)
 
 
 def readable(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
