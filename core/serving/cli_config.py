@@ -152,14 +152,25 @@ def add_ucx_arguments(parser: argparse.ArgumentParser) -> None:
         "detect dead peers (true across pods; forces TCP, as shared memory cannot support it)",
     )
     add_flag(group, "--ucx-send-timeout-seconds", float, 30.0, "how long a KV send may wait")
+    add_flag(
+        group,
+        "--kv-staging",
+        str,
+        "host",
+        "where KV transfer buffers live: host, or device (the KV cache's own: GPU tiers hand KV "
+        "over without a host round trip, through UCX's CUDA transports)",
+        choices=["host", "device"],
+    )
 
 
 def ucx_config_from_args(args: argparse.Namespace) -> UcxConfig:
+    from pdserve.core.transfer.staging import StagingPlace
     from pdserve.core.transfer.ucx_runtime import UcxConfig  # imports ucxx: only in the tiers
 
     return UcxConfig(
         endpoint_error_handling=args.ucx_endpoint_error_handling,
         send_timeout_s=args.ucx_send_timeout_seconds,
+        staging=StagingPlace(args.kv_staging),
     )
 
 
