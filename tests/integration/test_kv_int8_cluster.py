@@ -2,9 +2,9 @@
 
 Both tiers int8: the cluster's greedy tokens equal the offline `LLM(kv_cache_dtype="int8")` ones
 (the same int8 rows, computed on prefill and carried to decode with their scales), every block is
-free afterwards. An int8 prefill tier and a float32 decode tier disagree on `KVLayout.dtype`:
-the request is refused with FAILED_PRECONDITION naming both layouts, before a byte moves, and
-neither tier keeps a block.
+free afterwards, also after a cancelled stream. An int8 prefill tier and a float32 decode tier
+disagree on `KVLayout.dtype`: the request is refused with FAILED_PRECONDITION naming both layouts,
+before a byte moves, and neither tier keeps a block.
 """
 
 from __future__ import annotations
@@ -47,6 +47,23 @@ def test_int8_cluster_gives_the_offline_int8_tokens(
     del offline
     served = asyncio.run(greedy_outputs(int8_cluster, prompts, MAX_TOKENS))
     assert served == expected
+    wait_all_blocks_free(int8_cluster)
+
+
+def test_cancel_of_an_int8_stream_frees_every_block(
+    int8_cluster: Cluster, prompts: list[list[int]]
+) -> None:
+    async def cancel_after_three() -> int:
+        endless = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
+        received = 0
+        async with GenerationClient.connect(int8_cluster.router.address) as client:
+            async for chunk in client.generate_stream(build_request(prompts[5], sampling=endless)):
+                received += len(chunk.token_ids)
+                if received >= 3:
+                    break  # leaving the loop cancels the call
+        return received
+
+    assert asyncio.run(cancel_after_three()) >= 3
     wait_all_blocks_free(int8_cluster)
 
 
