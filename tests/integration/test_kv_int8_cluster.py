@@ -2,9 +2,10 @@
 
 Both tiers int8: the cluster's greedy tokens equal the offline `LLM(kv_cache_dtype="int8")` ones
 (the same int8 rows, computed on prefill and carried to decode with their scales), every block is
-free afterwards, also after a cancelled stream. An int8 prefill tier and a float32 decode tier
-disagree on `KVLayout.dtype`: the request is refused with FAILED_PRECONDITION naming both layouts,
-before a byte moves, and neither tier keeps a block.
+free afterwards, also after a cancelled stream and under decode preemption with cached prefixes
+(small decode pool). An int8 prefill tier and a float32 decode tier disagree on `KVLayout.dtype`:
+the request is refused with FAILED_PRECONDITION naming both layouts, before a byte moves, and
+neither tier keeps a block.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams as OfflineParams
+from tests.conftest import SHARED_MAX_TOKENS
 
 from .conftest import WORKER_ARGS, start_cluster
-from .helpers import greedy_outputs, load, wait_all_blocks_free
+from .helpers import greedy_outputs, load, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
 INT8 = ("--kv-cache-dtype", "int8")
 MAX_TOKENS = 16
+# A decode pool too small for the burst: decode preempts (swap or recompute) int8 requests.
+SMALL_POOL = ("--num-kv-blocks", "24", "--num-swap-blocks", "8")
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +42,38 @@ def int8_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     cluster.stop()
 
 
+def _offline_int8(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    offline = LLM(model_dir, num_kv_blocks=256, num_swap_blocks=0, kv_cache_dtype="int8")
+    params = OfflineParams(max_tokens=max_tokens, temperature=0)
+    return [list(out.token_ids) for out in offline.generate(prompts, params)]
+
+
 def test_int8_cluster_gives_the_offline_int8_tokens(
     int8_cluster: Cluster, model_dir: Path, prompts: list[list[int]]
 ) -> None:
-    offline = LLM(model_dir, num_kv_blocks=256, num_swap_blocks=0, kv_cache_dtype="int8")
-    params = OfflineParams(max_tokens=MAX_TOKENS, temperature=0)
-    expected = [list(out.token_ids) for out in offline.generate(prompts, params)]
-    del offline
+    expected = _offline_int8(model_dir, prompts, MAX_TOKENS)
     served = asyncio.run(greedy_outputs(int8_cluster, prompts, MAX_TOKENS))
     assert served == expected
     wait_all_blocks_free(int8_cluster)
+
+
+def test_int8_under_decode_preemption_and_prefix_reuse_gives_the_offline_tokens(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, shared_prompts: list[list[int]]
+) -> None:
+    """Swap moves int8 blocks with their scales; recompute and cached prefixes rebuild or reuse
+    the same int8 rows: the tokens stay the offline int8 ones, and nothing is left held."""
+    expected = _offline_int8(model_dir, shared_prompts, SHARED_MAX_TOKENS)
+    logs = tmp_path_factory.mktemp("int8-small-logs")
+    cluster = start_cluster(model_dir, logs, 1, 1, worker_args=SMALL_POOL + INT8)
+    try:
+        for _ in range(2):  # the second burst finds the first one's prefixes cached on prefill
+            served = asyncio.run(greedy_outputs(cluster, shared_prompts, SHARED_MAX_TOKENS))
+            assert served == expected
+            wait_all_blocks_free(cluster)
+        assert metric(cluster.decode[0], "pdserve_decode_preemptions") > 0
+        assert metric(cluster.prefill[0], "pdserve_prefill_prefix_cache_hit_tokens") > 0
+    finally:
+        cluster.stop()
 
 
 def test_cancel_of_an_int8_stream_frees_every_block(
