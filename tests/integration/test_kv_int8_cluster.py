@@ -11,6 +11,7 @@ neither tier keeps a block.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +20,13 @@ import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster
+from pdserve.core.kv_cache import KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams as OfflineParams
 from tests.conftest import SHARED_MAX_TOKENS
 
 from .conftest import WORKER_ARGS, start_cluster
-from .helpers import greedy_outputs, load, metric, wait_all_blocks_free
+from .helpers import cancel_stream_after, greedy_outputs, load, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
@@ -79,17 +81,23 @@ def test_int8_under_decode_preemption_and_prefix_reuse_gives_the_offline_tokens(
 def test_cancel_of_an_int8_stream_frees_every_block(
     int8_cluster: Cluster, prompts: list[list[int]]
 ) -> None:
-    async def cancel_after_three() -> int:
-        endless = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
-        received = 0
-        async with GenerationClient.connect(int8_cluster.router.address) as client:
-            async for chunk in client.generate_stream(build_request(prompts[5], sampling=endless)):
-                received += len(chunk.token_ids)
-                if received >= 3:
-                    break  # leaving the loop cancels the call
-        return received
+    assert asyncio.run(cancel_stream_after(int8_cluster, prompts[5])) >= 3
+    wait_all_blocks_free(int8_cluster)
 
-    assert asyncio.run(cancel_after_three()) >= 3
+
+def test_int8_kv_crosses_ucx_at_int8_bytes_per_block(
+    int8_cluster: Cluster, prompts: list[list[int]]
+) -> None:
+    """Decode's received-bytes counter grows by whole int8 blocks (scales inside): 68 of fp32's
+    256 bytes per (token, head) row."""
+    prompt = prompts[5][::-1]  # 130 tokens (9 blocks) no earlier test sent: no block is cached
+    received = "pdserve_decode_kv_received_bytes"
+    before = metric(int8_cluster.decode[0], received)
+    asyncio.run(greedy_outputs(int8_cluster, [prompt], 2))
+    int8 = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype="int8")
+    fp32 = dataclasses.replace(int8, dtype="float32")
+    assert int8.block_nbytes * 256 == fp32.block_nbytes * 68
+    assert metric(int8_cluster.decode[0], received) - before == 9 * int8.block_nbytes
     wait_all_blocks_free(int8_cluster)
 
 
