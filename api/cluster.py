@@ -72,6 +72,7 @@ class ClusterSpec:
     base_port: int = 50051
     metrics_base_port: int = 9100
     worker_args: tuple[str, ...] = ()  # engine flags passed to every worker
+    prefill_args: tuple[str, ...] = ()  # after worker_args, prefill workers only (tier overrides)
     router_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # extra environment (UCX_* for tests)
     drain_grace_seconds: float = 10.0
@@ -126,7 +127,7 @@ class Cluster:
     def start(self) -> None:
         spec = self.spec
         for index in range(spec.num_prefill):
-            self._spawn("prefill", index, 10 + index, list(spec.worker_args))
+            self._spawn("prefill", index, 10 + index, [*spec.worker_args, *spec.prefill_args])
         for index in range(spec.num_decode):
             self._spawn("decode", index, 20 + index, list(spec.worker_args))
         workers = {

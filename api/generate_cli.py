@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--priority", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument(
+        "--tls-ca", type=Path, help="PEM CA that signed the router's certificate (TLS on)"
+    )
+    parser.add_argument("--tls-cert", type=Path, help="PEM client certificate (mTLS)")
+    parser.add_argument("--tls-key", type=Path, help="PEM key of --tls-cert")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
     except grpc.aio.AioRpcError as error:
         print(f"\nerror: {error.code().name}: {error.details()}", file=sys.stderr)
         return 1
+    except (ValueError, OSError) as error:  # bad TLS flags or unreadable PEM files
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -65,7 +73,7 @@ async def _run_remote(args: argparse.Namespace) -> None:
     if args.seed is not None:
         sampling.seed = args.seed
     request = build_request(args.prompt, sampling=sampling, priority=args.priority)
-    async with GenerationClient.connect(args.address) as client:
+    async with GenerationClient.connect(args.address, _credentials(args)) as client:
         if args.stream:
             async for chunk in client.generate_stream(request, timeout=args.timeout):
                 print(chunk.text, end="", flush=True)
@@ -73,6 +81,21 @@ async def _run_remote(args: argparse.Namespace) -> None:
         else:
             reply = await client.generate(request, timeout=args.timeout)
             print(reply.text)
+
+
+def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS towards the router when --tls-ca is given (and mTLS with --tls-cert/--tls-key)."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key: set both or neither")
+    if args.tls_ca is None:
+        if args.tls_cert is not None:
+            raise ValueError("--tls-cert: needs --tls-ca (the CA that signed the router)")
+        return None
+    return grpc.ssl_channel_credentials(
+        args.tls_ca.read_bytes(),
+        args.tls_key.read_bytes() if args.tls_key is not None else None,
+        args.tls_cert.read_bytes() if args.tls_cert is not None else None,
+    )
 
 
 def _chat_prompt(args: argparse.Namespace) -> str:

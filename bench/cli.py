@@ -1,11 +1,12 @@
-"""`pdserve bench`: benchmarks, one sub-subcommand each (offline, disagg, peers, precision)."""
+"""`pdserve bench`: benchmarks, one sub-subcommand each (offline, disagg, peers, precision,
+kv-int8)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Protocol
 
-from pdserve.bench import disagg, offline_cli, peers_cli, precision_quality
+from pdserve.bench import disagg, kv_int8, offline_cli, peers_cli, precision_quality
 
 
 class Benchmark(Protocol):
@@ -21,6 +22,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "disagg": disagg,
     "peers": peers_cli,
     "precision": precision_quality,
+    "kv-int8": kv_int8,
 }
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdserve.planner.workload import TokenRange, token_range
+
 SEED = 0
 # Token ids drawn from here: clear of the special tokens at the start of the vocabulary.
 FIRST_ORDINARY_TOKEN = 100
@@ -38,20 +40,11 @@ DEFAULT_SPEC: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
-class LengthRange:
-    low: int
-    high: int
-
-    def draw(self, rng: random.Random) -> int:
-        return rng.randint(self.low, self.high)
-
-
-@dataclass(frozen=True)
 class RequestClass:
     name: str
     weight: float
-    prompt_tokens: LengthRange
-    output_tokens: LengthRange
+    prompt_tokens: TokenRange
+    output_tokens: TokenRange
 
 
 def parse_spec(raw: dict[str, Any]) -> tuple[RequestClass, ...]:
@@ -71,18 +64,9 @@ def _parse_class(item: Any, where: str) -> RequestClass:
     return RequestClass(
         name=str(item.get("name", where)),
         weight=float(weight),
-        prompt_tokens=_range(item.get("prompt_tokens"), f"{where}.prompt_tokens"),
-        output_tokens=_range(item.get("output_tokens"), f"{where}.output_tokens"),
+        prompt_tokens=token_range(item.get("prompt_tokens"), f"{where}.prompt_tokens"),
+        output_tokens=token_range(item.get("output_tokens"), f"{where}.output_tokens"),
     )
-
-
-def _range(raw: Any, where: str) -> LengthRange:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: must be an object with min and max")
-    low, high = raw.get("min"), raw.get("max")
-    if not isinstance(low, int) or not isinstance(high, int) or not 1 <= low <= high:
-        raise ValueError(f"{where}: needs whole numbers 1 <= min <= max, got {raw!r}")
-    return LengthRange(low, high)
 
 
 def load_spec(path: Path | None) -> tuple[RequestClass, ...]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from pdserve.bench.offline_workload import (
     workload_and_model,
 )
 from pdserve.bench.peers_report import PeerResult, json_line, report
+from pdserve.bench.ports import free_port
 from pdserve.core.kv_cache import DTYPES
 from pdserve.core.model.precision import QUANTIZATIONS
 
@@ -106,7 +106,7 @@ def _run_pdserve(
 def _run_llama(
     peer: peers_llama.Peer, gguf: Path, workload: list[WorkloadRequest], slots: int, weights: str
 ) -> PeerResult:
-    with peers_llama.serving(peer, gguf, slots, _free_port()) as url:
+    with peers_llama.serving(peer, gguf, slots, free_port()) as url:
         peers_llama.run_workload(url, workload[:WARMUP_REQUESTS])
         load = os.getloadavg()[0]
         wall = peers_llama.run_workload(url, workload)
@@ -146,10 +146,3 @@ def _slot_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"--slots: every value must be >= 1, got {text!r}")
     return values
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port

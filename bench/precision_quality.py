@@ -1,5 +1,8 @@
 """`pdserve bench precision`: an opt-in precision's quality against float32 on the same prompts.
 
+The precision is the weights' (`--dtype`, `--quantization`) and/or the KV cache's
+(`--kv-cache-dtype int8`: K and V rounded to int8 rows as they are written, read dequantized).
+
 float32 generates greedily for each workload prompt (up to `--max-tokens`); then both models score
 that same text teacher-forced (one prefill forward over prompt + output, logits at every output
 position). Reported: greedy-token agreement (share of output positions where the candidate's
@@ -16,6 +19,7 @@ from pathlib import Path
 import torch
 
 from pdserve.bench.offline_workload import WORKLOAD_DIR, workload_and_model
+from pdserve.core.config import KV_CACHE_DTYPES
 from pdserve.core.forward_batch import ForwardBatch, PrefillMetadata
 from pdserve.core.kv_cache import DTYPES, KVCache, KVLayout
 from pdserve.core.llm import LLM
@@ -24,7 +28,9 @@ from pdserve.core.model.forward import CausalLM, load_model
 from pdserve.core.model.precision import QUANTIZATIONS
 from pdserve.core.sampling_params import SamplingParams
 
-HELP = "quality of --dtype / --quantization against float32: greedy agreement, log-prob diff"
+HELP = (
+    "quality of --dtype / --quantization / --kv-cache-dtype against float32 (agreement, log-prob)"
+)
 BLOCK_SIZE = 16
 
 
@@ -34,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="float32 output tokens each")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     parser.add_argument("--model", help="model folder (default: the prepared SmolLM2-135M)")
 
 
@@ -52,9 +59,11 @@ def run(args: argparse.Namespace) -> int:
     candidate = load_model(
         model_dir, config, DTYPES[args.dtype], torch.device("cpu"), args.quantization
     )
+    kv_dtype = args.dtype if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
     agree, positions, diff = 0, 0, 0.0
     for prompt, output in texts:
-        ours, theirs = (_output_logprobs(model, prompt, output) for model in (fp32, candidate))
+        ours = _output_logprobs(fp32, prompt, output, "float32")
+        theirs = _output_logprobs(candidate, prompt, output, kv_dtype)
         chosen = torch.tensor(output)
         agree += int((theirs.argmax(-1) == chosen).sum())
         positions += len(output)
@@ -63,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     record = {
         "dtype": args.dtype,
         "quantization": args.quantization,
+        "kv_cache_dtype": kv_dtype,
         "requests": len(texts),
         "positions": positions,
         "greedy_agreement": round(agree / positions, 4),
@@ -72,14 +82,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _output_logprobs(model: CausalLM, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """Log-probabilities `[len(output), vocab]` predicting each output token, teacher-forced."""
+def _output_logprobs(
+    model: CausalLM, prompt: list[int], output: list[int], kv_dtype: str
+) -> torch.Tensor:
+    """Log-probabilities `[len(output), vocab]` predicting each output token, teacher-forced,
+    over a KV cache of `kv_dtype` (every token's K/V is written to it, then read back)."""
     tokens = prompt + output[:-1]
     n = len(tokens)
     config = model.config
-    layout = KVLayout(
-        config.num_layers, config.num_kv_heads, config.head_dim, BLOCK_SIZE, _dtype_name(model)
-    )
+    layout = KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, BLOCK_SIZE, kv_dtype)
     blocks = -(-n // BLOCK_SIZE)
     cache = KVCache(layout, blocks, torch.device("cpu"))
     batch = ForwardBatch(
@@ -96,7 +107,3 @@ def _output_logprobs(model: CausalLM, prompt: list[int], output: list[int]) -> t
         logits_indices=torch.arange(len(prompt) - 1, n),
     )
     return torch.log_softmax(model.forward(batch, cache), dim=-1)
-
-
-def _dtype_name(model: CausalLM) -> str:
-    return next(name for name, dtype in DTYPES.items() if dtype == model.dtype)

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pdserve.bench.ports import free_port
+
 # BareRelay is re-exported: callers (tests/router/test_bench.py) import it from here.
 from pdserve.bench.router_bench_servers import BareRelay as BareRelay
 from pdserve.bench.router_bench_servers import TierStubs, serve_fakes, serve_relay
@@ -43,13 +44,6 @@ from pdserve.v1 import common_pb2
 PROMPT_IDS = list(range(1, 65))  # 64 tokens
 PROMPT_TEXT = "Write a short story about a lighthouse keeper who finds a message in a bottle. " * 4
 Timed = Callable[[], Awaitable[None]]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _start_fakes(workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
@@ -72,7 +66,7 @@ def _start_fakes(workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
 
 
 def _start_relay(prefill: str, decode: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "pdserve.bench.router_bench", "--serve-relay", str(port)]
     return subprocess.Popen([*command, prefill, decode]), f"127.0.0.1:{port}"
 
@@ -80,7 +74,7 @@ def _start_relay(prefill: str, decode: str) -> tuple[subprocess.Popen[bytes], st
 def _start_router(
     prefill: str, decode: str, model: str | None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable,
         "-m",
@@ -91,7 +85,7 @@ def _start_router(
         "--port",
         str(port),
     ]
-    command += ["--metrics-port", str(_free_port()), "--prefill", prefill, "--decode", decode]
+    command += ["--metrics-port", str(free_port()), "--prefill", prefill, "--decode", decode]
     command += ["--max-queue", "64", "--http-port", "0", *(["--model", model] if model else [])]
     return subprocess.Popen(
         command, env={**os.environ, "PYTHONUNBUFFERED": "1"}

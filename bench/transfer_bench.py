@@ -19,7 +19,6 @@ import argparse
 import importlib.util
 import multiprocessing
 import os
-import socket
 import statistics
 import subprocess
 import time
@@ -33,6 +32,7 @@ import grpc
 import numpy as np
 import torch
 
+from pdserve.bench.ports import free_port
 from pdserve.core.kv_cache import KVCache, KVLayout
 from pdserve.core.transfer.staging import Staging, block_index
 
@@ -170,19 +170,13 @@ def _ucx_case(decode: Connection, prefill: Connection, case: Case, n: int) -> di
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def bench_perftest(tls: str, nbytes: int, iterations: int) -> float:
     """GB/s (1e9) of `ucx_perftest -t tag_bw` between two processes."""
     spec = importlib.util.find_spec("libucx")
     assert spec is not None and spec.submodule_search_locations is not None
     root = Path(spec.submodule_search_locations[0])
     env = {**os.environ, **_ucx_env(tls), "LD_LIBRARY_PATH": str(root / "lib")}
-    port = str(_free_port())
+    port = str(free_port())
     flags = ["-t", "tag_bw", "-s", str(nbytes), "-n", str(iterations), "-w", str(WARMUP)]
     binary = str(root / "bin" / "ucx_perftest")
     server = subprocess.Popen([binary, "-p", port, *flags], env=env, stdout=subprocess.DEVNULL)
@@ -239,7 +233,7 @@ def bench_grpc(cases: list[Case], iterations: int) -> dict[int, float]:
     """Median seconds: gather, one unary gRPC call carrying the bytes, scatter on the server."""
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
-    port = _free_port()
+    port = free_port()
     process = context.Process(target=_grpc_server, args=(child, port), daemon=True)
     process.start()
     parent.recv()

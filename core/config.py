@@ -5,8 +5,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from pdserve.core.kv_cache import DTYPES
+from pdserve.core.kv_cache import DTYPES, INT8
 from pdserve.core.model.precision import QUANTIZATIONS
+
+# "auto": the cache holds the model's dtype; "int8": int8 rows with per-token scales (kv_cache.py).
+KV_CACHE_DTYPES = ("auto", INT8)
 
 
 class SchedulingPolicy(enum.Enum):
@@ -26,8 +29,14 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     quantization: str = "none"  # or "int8": weight-only, opt-in (core/model/precision.py)
+    kv_cache_dtype: str = "auto"  # or "int8": the KV cache's element type (docs/kv_sharing.md)
     enable_prefix_caching: bool = True  # reuse computed full blocks across requests
     sjf_aging_tokens: int = 16  # `sjf`: each later arrival counts as this many more tokens of work
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV layout's dtype: the model's, unless the cache is int8."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens")
@@ -46,6 +55,11 @@ class EngineConfig:
             raise ValueError(
                 f"quantization: must be one of {', '.join(QUANTIZATIONS)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         if not isinstance(self.policy, SchedulingPolicy):
             object.__setattr__(self, "policy", SchedulingPolicy(self.policy))

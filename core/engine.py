@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from pdserve.core.block_pool import cache_root
 from pdserve.core.config import EngineConfig
 from pdserve.core.detokenizer import IncrementalDetokenizer
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv_cache import DTYPES, KVCache, KVLayout
 from pdserve.core.model.config import ModelConfig, load_model_config
 from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
@@ -76,10 +76,10 @@ class LLMEngine:
             num_kv_heads=self.model_config.num_kv_heads,
             head_dim=self.model_config.head_dim,
             block_size=config.block_size,
-            dtype=config.dtype,
+            dtype=config.kv_dtype,
         )
         model = load_model(
-            model_dir, self.model_config, self.layout.torch_dtype, device, config.quantization
+            model_dir, self.model_config, DTYPES[config.dtype], device, config.quantization
         )
         kv_cache = KVCache(self.layout, config.num_kv_blocks, device)
         swap = (

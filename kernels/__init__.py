@@ -1,8 +1,9 @@
 """Kernel ops, one dispatching entry per op (see docs/kernels.md for the dispatch rules).
 
-Which implementation runs is decided by `_backend.use_triton(device)`: Triton on CUDA tensors,
-Triton's interpreter on CPU tensors only when TRITON_INTERPRET=1 (tests), torch otherwise. The
-Triton modules are imported on first use, so CPU serving never imports triton.
+Which implementation runs is decided by `_backend.use_triton(device, int8_kv)`: Triton on CUDA
+tensors, Triton's interpreter on CPU tensors only when TRITON_INTERPRET=1 (tests), torch otherwise
+and for every int8 KV cache. The Triton modules are imported on first use, so CPU serving never
+imports triton.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from . import _backend, torch_attention, torch_decode, torch_kv
 from ._checks import check_attention_args, check_decode_q
+from .kv_quant import is_quantized
 
 __all__ = [
     "DecodePlan",
@@ -41,10 +43,12 @@ def plan_decode(
     context_lens: torch.Tensor,
     block_size: int,
     sliding_window: int | None = None,
+    int8_kv: bool = False,
 ) -> DecodePlan:
-    """Validates and prepares a step's decode metadata (torch: per-bucket gather indices)."""
+    """Validates and prepares a step's decode metadata (torch: per-bucket gather indices);
+    `int8_kv`: the step's cache is int8 (the torch path runs)."""
     torch_plan = None
-    if not _backend.use_triton(block_tables.device):
+    if not _backend.use_triton(block_tables.device, int8_kv):
         torch_plan = torch_decode.plan_decode(
             block_tables, context_lens, block_size, sliding_window
         )
@@ -84,7 +88,7 @@ def paged_attention_decode(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged K/V: `[num_seqs, heads, dim]` in q's dtype."""
-    if _backend.use_triton(q.device):
+    if _backend.use_triton(q.device, is_quantized(k_cache)):
         from . import triton_decode
 
         return triton_decode.decode_attention(
@@ -106,7 +110,7 @@ def paged_attention_prefill(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed query chunks (the last tokens of each sequence) over paged K/V."""
-    if _backend.use_triton(q.device):
+    if _backend.use_triton(q.device, is_quantized(k_cache)):
         from . import triton_prefill
 
         return triton_prefill.prefill_attention(
@@ -130,8 +134,9 @@ def write_kv(
     `checked=True` skips the argument checks: for callers that already passed the same step's
     arguments through once (the model checks in layer 0; every layer has the same shapes and
     slots). On the CPU those checks (a range reduction and a host sync) cost more than the copy.
+    An int8 cache (last dim head_dim + 4) gets quantized rows with their scales (kv_quant).
     """
-    if _backend.use_triton(k.device):
+    if _backend.use_triton(k.device, is_quantized(k_cache)):
         from . import triton_kv
 
         triton_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .kv_quant import head_dim_of, is_quantized, row_width
+
 ATTENTION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -61,10 +63,18 @@ def check_attention_args(
         v_cache.shape == k_cache.shape,
         f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}",
     )
+    require(
+        v_cache.dtype == k_cache.dtype,
+        f"v_cache: dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}",
+    )
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        require(cache.dtype == q.dtype, f"{name}: dtype {cache.dtype} differs from q {q.dtype}")
+        require(
+            cache.dtype == q.dtype or is_quantized(cache),
+            f"{name}: dtype {cache.dtype} differs from q {q.dtype} (and is not int8)",
+        )
         require(cache.device == q.device, f"{name}: on {cache.device}, q on {q.device}")
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    head_dim = head_dim_of(k_cache)
     num_heads = q.shape[1]
     require(q.shape[2] == head_dim, f"q: head_dim {q.shape[2]} differs from k_cache {head_dim}")
     require(
@@ -143,14 +153,17 @@ def check_write_kv_args(
         v_cache.shape == k_cache.shape,
         f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}",
     )
+    quantized = is_quantized(k_cache)
+    expected_rows = (k.shape[1], row_width(k.shape[2], quantized))
     require(
-        tuple(k.shape[1:]) == tuple(k_cache.shape[2:]),
-        f"k: [kv_heads, head_dim] {tuple(k.shape[1:])} differs from k_cache "
-        f"{tuple(k_cache.shape[2:])}",
+        tuple(k_cache.shape[2:]) == expected_rows,
+        f"k: [kv_heads, head_dim] {tuple(k.shape[1:])} does not fit k_cache's [kv_heads, row] "
+        f"{tuple(k_cache.shape[2:])} (expected {expected_rows}; an int8 row is head_dim + 4)",
     )
+    cache_dtype = torch.int8 if quantized else k.dtype
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         require(cache.is_contiguous(), f"{name}: must be contiguous")
-        require(cache.dtype == k.dtype, f"{name}: dtype {cache.dtype} differs from k {k.dtype}")
+        require(cache.dtype == cache_dtype, f"{name}: dtype {cache.dtype}, expected {cache_dtype}")
         require(cache.device == k.device, f"{name}: on {cache.device}, k on {k.device}")
     require(v.dtype == k.dtype, f"v: dtype {v.dtype} differs from k {k.dtype}")
     _check_index("slot_mapping", slot_mapping, 1, torch.int64)

@@ -20,6 +20,7 @@ from ._checks import (
     check_lengths,
     check_query_start_loc,
 )
+from .kv_quant import readable
 from .torch_decode import decode_attention
 
 
@@ -89,8 +90,8 @@ def _prefill_one(
 ) -> torch.Tensor:
     num_blocks = -(-context_len // shape.block_size)
     used_table = block_table[:num_blocks]
-    keys = gather_blocks(k_cache, used_table)[:context_len].transpose(0, 1)
-    values = gather_blocks(v_cache, used_table)[:context_len].transpose(0, 1)
+    keys = readable(gather_blocks(k_cache, used_table)[:context_len], q.dtype).transpose(0, 1)
+    values = readable(gather_blocks(v_cache, used_table)[:context_len], q.dtype).transpose(0, 1)
     query_len = q.shape[0]
     queries = q.transpose(0, 1)
     if query_len == context_len and sliding_window is None:

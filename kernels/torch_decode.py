@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_attention_args, check_decode_q
+from .kv_quant import readable
 
 # What one more bucket costs per layer (two gathers and one SDPA call more), in padded key tokens
 # of gather + attention work: 192-384 timed best for 13 and 64 sequences of 10-300 tokens on 2
@@ -135,14 +136,20 @@ def _attend(
     bucket: DecodeBucket,
     scale: float,
 ) -> torch.Tensor:
-    shape = (q.shape[0], bucket.padded_len, *keys_flat.shape[1:])
-    # [seqs, kv_heads, padded_len, dim]: the layout SDPA wants.
-    keys = keys_flat.index_select(0, bucket.slots).view(shape).transpose(1, 2)
-    values = values_flat.index_select(0, bucket.slots).view(shape).transpose(1, 2)
+    keys, values = (_gather(flat, bucket, q) for flat in (keys_flat, values_flat))
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2), keys, values, attn_mask=bucket.mask, scale=scale, enable_gqa=True
     )
     return out.squeeze(2)
+
+
+def _gather(cache_flat: torch.Tensor, bucket: DecodeBucket, q: torch.Tensor) -> torch.Tensor:
+    """The bucket's keys (or values) `[seqs, kv_heads, padded_len, dim]`, the layout SDPA wants,
+    in q's dtype. An int8 cache is dequantized after the gather: the gather moves int8 bytes and
+    only the bucket's rows are converted."""
+    shape = (q.shape[0], bucket.padded_len, cache_flat.shape[1], q.shape[2])
+    rows = readable(cache_flat.index_select(0, bucket.slots), q.dtype)
+    return rows.view(shape).transpose(1, 2)
 
 
 def decode_attention(

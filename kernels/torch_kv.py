@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_copy_blocks_args, check_write_kv_args
+from .kv_quant import is_quantized, quantize
 
 
 def write_kv(
@@ -16,11 +17,14 @@ def write_kv(
     checked: bool = False,
 ) -> None:
     """Stores token i's K/V at flat slot `slot_mapping[i]` (block_id * block_size + offset).
-    `checked`: the caller already validated these same arguments this step (see kernels)."""
+    `checked`: the caller already validated these same arguments this step (see kernels).
+    An int8 cache gets each (token, head) row quantized with its own scale (kv_quant)."""
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     if not checked:
         check_write_kv_args(k, v, k_cache, v_cache, slot_mapping)
         _check_slot_range(slot_mapping, num_slots)
+    if is_quantized(k_cache):
+        k, v = quantize(k), quantize(v)
     # Per-layer caches are contiguous, so the flat-slot view is free.
     k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
     v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)

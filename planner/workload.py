@@ -97,7 +97,11 @@ def parse_poisson(data: dict[str, Any]) -> PoissonSpec:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise WorkloadSpecError("seed: must be an integer")
     return PoissonSpec(
-        rate, duration, _range(data, "prompt_tokens"), _range(data, "output_tokens"), seed
+        rate,
+        duration,
+        token_range(data.get("prompt_tokens"), "prompt_tokens"),
+        token_range(data.get("output_tokens"), "output_tokens"),
+        seed,
     )
 
 
@@ -137,8 +141,9 @@ def _positive_number(data: dict[str, Any], name: str) -> float:
     return float(value)
 
 
-def _range(data: dict[str, Any], name: str) -> TokenRange:
-    value = data.get(name)
+def token_range(value: Any, name: str) -> TokenRange:
+    """`{"min": N, "max": M}` (whole numbers, 1 <= N <= M) as a TokenRange; the error names
+    `name`. Shared by every workload file that gives lengths as ranges (bench disagg too)."""
     if not isinstance(value, dict) or set(value) != {"min", "max"}:
         raise WorkloadSpecError(f'{name}: must be {{"min": N, "max": M}}, got {value!r}')
     low = _count(value["min"], f"{name}.min", "spec")

@@ -28,6 +28,7 @@ from pdserve.kernels import (
     run_planned_decode,
     write_kv,
 )
+from pdserve.kernels.kv_quant import is_quantized
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class CausalLM:
             batch.decode.context_lens,
             kv_cache.layout.block_size,
             self.config.sliding_window,
+            int8_kv=is_quantized(kv_cache.tensor),
         )
 
     def _add_norm(

@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.config import KV_CACHE_DTYPES, EngineConfig, SchedulingPolicy
 from pdserve.core.kv_cache import DTYPES
 from pdserve.core.model.precision import QUANTIZATIONS
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig
@@ -55,7 +55,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             choices = [policy.value for policy in SchedulingPolicy]
             add_flag(group, flag, str, default.value, "scheduling policy", choices=choices)
         elif field.name == "dtype":
-            add_flag(group, flag, str, default, "model and KV dtype", choices=sorted(DTYPES))
+            add_flag(
+                group,
+                flag,
+                str,
+                default,
+                "model dtype (the KV cache's too, unless --kv-cache-dtype int8)",
+                choices=sorted(DTYPES),
+            )
+        elif field.name == "kv_cache_dtype":
+            help_text = "KV cache element type (auto: the model dtype)"
+            add_flag(group, flag, str, default, help_text, list(KV_CACHE_DTYPES))
         elif field.name == "quantization":
             add_flag(group, flag, str, default, "weight-only quantization", list(QUANTIZATIONS))
         elif field.name == "device":
@@ -142,14 +152,25 @@ def add_ucx_arguments(parser: argparse.ArgumentParser) -> None:
         "detect dead peers (true across pods; forces TCP, as shared memory cannot support it)",
     )
     add_flag(group, "--ucx-send-timeout-seconds", float, 30.0, "how long a KV send may wait")
+    add_flag(
+        group,
+        "--kv-staging",
+        str,
+        "host",
+        "where KV transfer buffers live: host, or device (the KV cache's own: GPU tiers hand KV "
+        "over without a host round trip, through UCX's CUDA transports)",
+        choices=["host", "device"],
+    )
 
 
 def ucx_config_from_args(args: argparse.Namespace) -> UcxConfig:
+    from pdserve.core.transfer.staging import StagingPlace
     from pdserve.core.transfer.ucx_runtime import UcxConfig  # imports ucxx: only in the tiers
 
     return UcxConfig(
         endpoint_error_handling=args.ucx_endpoint_error_handling,
         send_timeout_s=args.ucx_send_timeout_seconds,
+        staging=StagingPlace(args.kv_staging),
     )
 
 

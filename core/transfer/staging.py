@@ -9,17 +9,35 @@ its layers; piece p's region is `[group p's layers of every block | token]`, con
 piece is still one large message. Why the trailing token: the receiver checks it after the bytes
 arrive, so a piece is accepted only when it carries the full 128-bit token (the UCX tag is just 64
 bits of a hash of it) and is complete (a short message leaves the trailer empty).
+
+Where the staging memory lives (`UcxConfig.staging`): host memory by default; with
+`StagingPlace.DEVICE` it is on the KV cache's device, so between GPU tiers the gather, the wire
+(UCX's cuda_copy / cuda_ipc transports) and the scatter never touch host memory. On a CPU cache
+both are the same memory.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
 from pdserve.core.kv_cache import KVCache, KVLayout
 from pdserve.core.transfer.interface import TOKEN_NBYTES, layer_groups
+
+HOST = torch.device("cpu")
+
+
+class StagingPlace(Enum):
+    """Where a transfer's staging buffer lives (`--kv-staging`)."""
+
+    HOST = "host"  # host memory: works with every UCX build and every cache device
+    DEVICE = "device"  # the KV cache's own device (GPU tiers: no host round trip)
+
+    def device_for(self, cache: KVCache) -> torch.device:
+        return cache.tensor.device if self is StagingPlace.DEVICE else HOST
 
 
 @dataclass(frozen=True)
@@ -41,10 +59,14 @@ class Piece:
             torch.index_select(source, 2, index, out=self.payload)
         else:
             self.payload.copy_(source.index_select(2, index))
-        self.raw[self.payload_nbytes :] = torch.frombuffer(bytearray(token), dtype=torch.uint8)
+        trailer = torch.frombuffer(bytearray(token), dtype=torch.uint8)
+        self.raw[self.payload_nbytes :] = trailer.to(self.raw.device)
+        if self.raw.device.type == "cuda":
+            # UCX reads device memory outside torch's stream: the copies must have landed.
+            torch.cuda.current_stream(self.raw.device).synchronize()
 
     def carries(self, token: bytes) -> bool:
-        return bytes(self.raw[self.payload_nbytes :].numpy()) == token
+        return bytes(self.raw[self.payload_nbytes :].cpu().numpy()) == token
 
     def scatter_into(self, cache: KVCache, index: torch.Tensor) -> None:
         target = cache.tensor[self.layers.start : self.layers.stop]
@@ -60,10 +82,11 @@ class Staging:
         num_blocks: int,
         num_pieces: int = 1,
         memory: torch.Tensor | None = None,
+        device: torch.device = HOST,
     ) -> None:
         nbytes = staging_nbytes(layout, num_blocks, num_pieces)
         if memory is None:
-            memory = torch.empty(nbytes, dtype=torch.uint8)
+            memory = torch.empty(nbytes, dtype=torch.uint8, device=device)
         self.memory = memory  # what the pool hands back: may be larger than needed
         self.pieces = _carve(layout, num_blocks, num_pieces, memory[:nbytes])
         self.payload_nbytes: int = sum(piece.payload_nbytes for piece in self.pieces)
@@ -84,14 +107,7 @@ def _carve(layout: KVLayout, num_blocks: int, num_pieces: int, raw: torch.Tensor
         payload_nbytes = len(layers) * layer_nbytes
         piece_raw = raw[offset : offset + payload_nbytes + TOKEN_NBYTES]
         piece_raw[payload_nbytes:] = 0  # an incomplete message leaves this empty
-        shape = (
-            len(layers),
-            2,
-            num_blocks,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-        )
+        shape = layout.shape(num_blocks, num_layers=len(layers))
         payload = piece_raw[:payload_nbytes].view(layout.torch_dtype).view(shape)
         pieces.append(Piece(layers, piece_raw, payload))
         offset += payload_nbytes + TOKEN_NBYTES
@@ -107,14 +123,18 @@ class StagingPool:
         self._idle: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
-    def acquire(self, layout: KVLayout, num_blocks: int, num_pieces: int) -> Staging:
+    def acquire(
+        self, layout: KVLayout, num_blocks: int, num_pieces: int, device: torch.device = HOST
+    ) -> Staging:
         needed = staging_nbytes(layout, num_blocks, num_pieces)
         with self._lock:
-            fitting = [i for i, m in enumerate(self._idle) if m.numel() >= needed]
+            fitting = [
+                i for i, m in enumerate(self._idle) if m.numel() >= needed and m.device == device
+            ]
             # By index, never list.remove: that compares tensors with ==, elementwise.
             best = min(fitting, key=lambda i: self._idle[i].numel()) if fitting else None
             memory = self._idle.pop(best) if best is not None else None
-        return Staging(layout, num_blocks, num_pieces, memory)
+        return Staging(layout, num_blocks, num_pieces, memory, device)
 
     def release(self, staging: Staging) -> None:
         with self._lock:

@@ -46,7 +46,13 @@ from pdserve.core.transfer.interface import (
     piece_tag,
 )
 from pdserve.core.transfer.staging import Staging, StagingPool, block_index
-from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime, close_endpoint, settle
+from pdserve.core.transfer.ucx_runtime import (
+    UcxConfig,
+    UcxRuntime,
+    close_endpoint,
+    settle,
+    ucx_buffer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +132,12 @@ class KVReceiver:
         with self._lock:
             if request_id in self._incoming:
                 raise ValueError(f"request_id: {request_id!r} is already expected")
-            staging = self._pool.acquire(layout, len(ids), self.num_pieces)
+            device = self._runtime.config.staging.device_for(self.cache)
+            staging = self._pool.acquire(layout, len(ids), self.num_pieces, device)
             self._runtime.refill_futures()  # one future per receive, made on the loop thread
             requests = [
                 self._runtime.worker.tag_recv(
-                    Array(piece.raw.numpy()), ucx_api.UCXXTag(piece_tag(token, index))
+                    ucx_buffer(piece.raw), ucx_api.UCXXTag(piece_tag(token, index))
                 )
                 for index, piece in enumerate(staging.pieces)
             ]

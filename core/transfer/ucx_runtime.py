@@ -30,8 +30,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
 import ucxx._lib.libucxx as ucx_api
+from ucxx._lib.arr import Array
 from ucxx._lib_async.notifier_thread import _notifierThread
+
+from pdserve.core.transfer.staging import StagingPlace
 
 T = TypeVar("T")
 
@@ -52,6 +56,8 @@ class UcxConfig:
     staging_pool_bytes: idle staging memory kept for reuse (see `StagingPool`).
     progress_polling: UCX's progress thread spins instead of sleeping in epoll: lower latency per
         rendezvous step, one busy core per worker. Off by default (see docs/transfer.md).
+    staging: where staging buffers live (`StagingPlace`): host memory (default, any UCX build),
+        or the KV cache's device (GPU tiers: UCX's CUDA transports move device memory).
     """
 
     options: tuple[tuple[str, str], ...] = ()
@@ -59,6 +65,7 @@ class UcxConfig:
     send_timeout_s: float = 30.0
     staging_pool_bytes: int = 256 * 2**20
     progress_polling: bool = False
+    staging: StagingPlace = StagingPlace.HOST
 
     def __post_init__(self) -> None:
         if self.send_timeout_s <= 0:
@@ -141,3 +148,9 @@ async def settle(request: ucx_api.UCXRequest) -> None:
     """Waits for a request and retrieves its error, if any (the owner reads it elsewhere)."""
     with contextlib.suppress(Exception):
         await request.wait()
+
+
+def ucx_buffer(raw: torch.Tensor) -> Array:
+    """The buffer UCX reads or writes: host memory through the buffer protocol, device memory
+    through `__cuda_array_interface__` (what ucxx's CUDA transports take)."""
+    return Array(raw.numpy() if raw.device.type == "cpu" else raw)

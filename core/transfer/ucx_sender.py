@@ -16,7 +16,6 @@ import threading
 import time
 
 import ucxx._lib.libucxx as ucx_api
-from ucxx._lib.arr import Array
 
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.transfer.interface import (
@@ -29,7 +28,7 @@ from pdserve.core.transfer.interface import (
     piece_tag,
 )
 from pdserve.core.transfer.staging import Staging, StagingPool, block_index
-from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime, close_endpoint
+from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime, close_endpoint, ucx_buffer
 
 
 class KVSender:
@@ -117,7 +116,10 @@ class PieceSend:
         self._started: float | None = None  # the first push: open() precedes the forward
         self._gather_s = 0.0
         self._staging: Staging = sender.pool.acquire(
-            descriptor.layout, len(src), descriptor.num_pieces
+            descriptor.layout,
+            len(src),
+            descriptor.num_pieces,
+            sender.runtime.config.staging.device_for(cache),
         )
         self._sends: dict[int, concurrent.futures.Future[None]] = {}
         self._errors: list[BaseException] = []
@@ -136,7 +138,7 @@ class PieceSend:
         tag = ucx_api.UCXXTag(piece_tag(self.descriptor.token, piece))
         try:
             request = self._sender.endpoint(self.descriptor.peer_address).tag_send(
-                Array(target.raw.numpy()), tag
+                ucx_buffer(target.raw), tag
             )
         except ucx_api.UCXError as error:
             self._errors.append(TransferError(f"peer_address: cannot send to it: {error!r}"))

@@ -1,6 +1,7 @@
 """One OpenAI request through the router's shared request path, answered whole or as SSE.
 
-Both answers run `Admission.admitted` then `Admission.deltas`, as the gRPC door does. Streams
+Both answers run `Admission.admitted` then `Admission.deltas` per sample (`n` fans out as in
+router/samples.py), as the gRPC door does. Streams
 start only once the first token is out, so admission, validation and routing failures still get
 their own HTTP status (400, 429, 503) rather than an error event inside a 200 stream.
 
@@ -28,8 +29,10 @@ from pdserve.router.admission import Admission, is_finished, usage
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.errors import to_status
 from pdserve.router.http.errors import api_error
-from pdserve.router.http.responses import Answer, Body, Endpoint, finish_reason
-from pdserve.v1 import decode_pb2, generation_pb2
+from pdserve.router.http.responses import Answer, Body, Completion, Endpoint, finish_reason
+from pdserve.router.samples import clocks_for, gather_all, interleave, sample_requests
+from pdserve.router.validation import ValidatedRequest
+from pdserve.v1 import common_pb2, decode_pb2, generation_pb2
 
 T = TypeVar("T")
 # OpenAI's API has no per-request deadline; a client that gives up disconnects instead.
@@ -92,33 +95,50 @@ async def _whole(call: Call) -> Body:
     clock = RequestClock()
     with _counted(call.endpoint):
         async with call.admission.admitted(call.request) as valid:
-            deltas = call.admission.deltas(valid, _NO_DEADLINE, clock)
-            texts: list[str] = []
-            last = decode_pb2.TokenDelta()
-            async with contextlib.aclosing(deltas):
-                async for last in deltas:
-                    texts.append(last.text)
-            reply = Answer(call.endpoint, valid.request_id, call.model)
-            reason = finish_reason(last.finish_reason)
-            return reply.whole("".join(texts), reason, usage(valid, last, clock))
+            samples = sample_requests(valid)
+            clocks = clocks_for(samples, clock)
+            calls = [_collect(call, s, c) for s, c in zip(samples, clocks, strict=True)]
+            completions = await gather_all(calls)
+            return Answer(call.endpoint, valid.request_id, call.model).whole(completions)
+
+
+async def _collect(call: Call, sample: ValidatedRequest, clock: RequestClock) -> Completion:
+    """One sample's deltas gathered into its whole answer."""
+    deltas = call.admission.deltas(sample, _NO_DEADLINE, clock)
+    texts: list[str] = []
+    last = decode_pb2.TokenDelta()
+    async with contextlib.aclosing(deltas):
+        async for last in deltas:
+            texts.append(last.text)
+    return Completion("".join(texts), finish_reason(last.finish_reason), usage(sample, last, clock))
 
 
 async def _events(call: Call) -> AsyncGenerator[str, None]:
-    """SSE events ending in `[DONE]`; a failure after the first event becomes an error event."""
+    """SSE events ending in `[DONE]`; a failure after the first event becomes an error event.
+    With n > 1 the samples' events interleave as they come, each choice carrying its index."""
     clock = RequestClock()
-    started = False
+    started: set[int] = set()
     try:
         with _counted(call.endpoint):
             async with call.admission.admitted(call.request) as valid:
                 reply = Answer(call.endpoint, valid.request_id, call.model)
-                deltas = call.admission.deltas(valid, _NO_DEADLINE, clock)
-                async with contextlib.aclosing(deltas):
-                    async for delta in deltas:
+                samples = sample_requests(valid)
+                clocks = clocks_for(samples, clock)
+                usages: list[common_pb2.Usage] = []
+                streams = [
+                    call.admission.deltas(s, _NO_DEADLINE, c)
+                    for s, c in zip(samples, clocks, strict=True)
+                ]
+                async with contextlib.aclosing(interleave(streams)) as deltas:
+                    async for index, delta in deltas:
                         reason = finish_reason(delta.finish_reason)
-                        yield _event(reply.chunk(delta.text, reason, first=not started))
-                        started = True
-                        if is_finished(delta) and call.include_usage:
-                            yield _event(reply.usage_chunk(usage(valid, delta, clock)))
+                        first = index not in started
+                        started.add(index)
+                        yield _event(reply.chunk(index, delta.text, reason, first))
+                        if is_finished(delta):
+                            usages.append(usage(samples[index], delta, clocks[index]))
+                if call.include_usage:
+                    yield _event(reply.usage_chunk(usages))
     except Exception as error:
         if not started:
             raise

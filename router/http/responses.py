@@ -26,12 +26,25 @@ def finish_reason(value: common_pb2.FinishReason.ValueType) -> str | None:
     return _FINISH_REASONS.get(value)
 
 
-def usage_body(usage: common_pb2.Usage) -> Body:
+def usage_body(usages: list[common_pb2.Usage]) -> Body:
+    """One request's usage over its samples: the prompt counted once (it is one prompt, as
+    OpenAI and vLLM count it), the completions summed."""
+    prompt_tokens = usages[0].prompt_tokens
+    completion_tokens = sum(usage.completion_tokens for usage in usages)
     return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sample's whole answer."""
+
+    text: str
+    reason: str | None
+    usage: common_pb2.Usage
 
 
 @dataclass(frozen=True)
@@ -48,30 +61,34 @@ class Answer:
         prefix = "chatcmpl" if self.endpoint is Endpoint.CHAT else "cmpl"
         return f"{prefix}-{self.request_id}"
 
-    def whole(self, text: str, reason: str | None, usage: common_pb2.Usage) -> Body:
-        """The unary answer."""
-        if self.endpoint is Endpoint.CHAT:
-            choice: Body = {"message": {"role": "assistant", "content": text}}
-            kind = "chat.completion"
-        else:
-            choice = {"text": text}
-            kind = "text_completion"
-        choice.update(index=0, finish_reason=reason, logprobs=None)
-        return self._envelope(kind, [choice], usage_body(usage))
+    def whole(self, samples: list[Completion]) -> Body:
+        """The unary answer: one choice per sample, choice i being sample i."""
+        choices = [self._choice(index, sample) for index, sample in enumerate(samples)]
+        kind = "chat.completion" if self.endpoint is Endpoint.CHAT else "text_completion"
+        return self._envelope(kind, choices, usage_body([sample.usage for sample in samples]))
 
-    def chunk(self, text: str, reason: str | None, first: bool) -> Body:
-        """One stream event; chat's first one carries the assistant role, as OpenAI's does."""
+    def _choice(self, index: int, sample: Completion) -> Body:
+        if self.endpoint is Endpoint.CHAT:
+            choice: Body = {"message": {"role": "assistant", "content": sample.text}}
+        else:
+            choice = {"text": sample.text}
+        choice.update(index=index, finish_reason=sample.reason, logprobs=None)
+        return choice
+
+    def chunk(self, index: int, text: str, reason: str | None, first: bool) -> Body:
+        """One stream event of sample `index`; chat's first event of each sample carries the
+        assistant role, as OpenAI's does."""
         if self.endpoint is Endpoint.CHAT:
             delta: Body = {"role": "assistant", "content": text} if first else {"content": text}
             choice: Body = {"delta": delta}
         else:
             choice = {"text": text}
-        choice.update(index=0, finish_reason=reason, logprobs=None)
+        choice.update(index=index, finish_reason=reason, logprobs=None)
         return self._envelope(self._chunk_kind, [choice], None)
 
-    def usage_chunk(self, usage: common_pb2.Usage) -> Body:
+    def usage_chunk(self, usages: list[common_pb2.Usage]) -> Body:
         """The extra last event of `stream_options.include_usage`: no choices, only usage."""
-        return self._envelope(self._chunk_kind, [], usage_body(usage))
+        return self._envelope(self._chunk_kind, [], usage_body(usages))
 
     @property
     def _chunk_kind(self) -> str:

@@ -1,6 +1,6 @@
 """OpenAI request bodies (pydantic), turned into the router's own `GenerateRequest`.
 
-Field checks that belong to OpenAI's shape (types, ranges, `n`, `logprobs`) fail here with the
+Field checks that belong to OpenAI's shape (types, ranges, `logprobs`) fail here with the
 OpenAI parameter's name; everything else (prompt length, context, stop strings) is checked by the
 same validator as the gRPC door, and `errors.param_of` maps its field names back to OpenAI's
 (`params()` lists where a body's names differ).
@@ -37,15 +37,12 @@ class _Sampling(BaseModel):
     top_k: int = Field(default=0, ge=0)  # vLLM's extension; 0 = off
     seed: int | None = Field(default=None, ge=0)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1)  # samples fan out at the router (router/samples.py)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension, used by benchmarks such as guidellm
 
     def sampling(self) -> common_pb2.SamplingParams:
-        if self.n != 1:
-            # Parallel sampling needs copy-on-write KV sharing, which the tiers do not have yet.
-            raise InvalidRequestError("n", f"only n=1 is supported, got {self.n}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         message = common_pb2.SamplingParams(
             max_tokens=self._max_tokens(),
@@ -54,6 +51,7 @@ class _Sampling(BaseModel):
             top_k=self.top_k,
             stop=stop,
             ignore_eos=self.ignore_eos,
+            n=self.n,
         )
         if self.seed is not None:
             message.seed = self.seed

@@ -70,3 +70,17 @@ def test_unreadable_file_is_a_workload_error(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(WorkloadError, match=r"^workload:.*not valid JSON"):
         load_workload(tmp_path / "bad.json")
+
+
+def test_disagg_spec_ranges_parse_and_bad_ones_name_the_field() -> None:
+    from pdserve.bench.disagg_workload import DEFAULT_SPEC, call_data, parse_spec
+
+    classes = parse_spec(DEFAULT_SPEC)
+    assert [c.name for c in classes] == ["chat", "long"]
+    for request in call_data(classes, 20, vocab_size=1000):
+        assert 20 <= len(request["prompt_token_ids"]["ids"]) <= 3000
+    bad = {
+        "classes": [{"prompt_tokens": {"min": 5, "max": 2}, "output_tokens": {"min": 1, "max": 1}}]
+    }
+    with pytest.raises(ValueError, match=r"classes\[0\]\.prompt_tokens"):
+        parse_spec(bad)

@@ -136,13 +136,17 @@ def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
     render: Render, contract_worker_flags: frozenset[str]
 ) -> None:
     objects = render(
-        {"engine": {"maxNumSeqs": 32}, "decode": {"engine": {"numSwapBlocks": 512}}},
+        {
+            "engine": {"maxNumSeqs": 32, "kvCacheDtype": "int8"},
+            "decode": {"engine": {"numSwapBlocks": 512}},
+        },
         RELEASE,
         NAMESPACE,
     )
+    for role in ROLES:  # the router tokenizes with the same model the workers run
+        assert flag(container(objects, role)["args"], "--model") == "/models/smollm2-135m-instruct"
     for role in WORKERS:
         main = container(objects, role)
-        assert flag(main["args"], "--model") == "/models/smollm2-135m-instruct"
         config_name = main["envFrom"][0]["configMapRef"]["name"]
         data = one(objects, "ConfigMap", config_name)["data"]
         for key in data:
@@ -151,6 +155,7 @@ def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
             assert contract_flag in contract_worker_flags, f"{key}: no {contract_flag} in contract"
         assert data["PDSERVE_BLOCK_SIZE"] == "16"
         assert data["PDSERVE_MAX_NUM_SEQS"] == "32"
+        assert data["PDSERVE_KV_CACHE_DTYPE"] == "int8"  # both tiers: layouts must match
         assert ("PDSERVE_NUM_SWAP_BLOCKS" in data) == (role == "decode")
         env = {e["name"]: e for e in main["env"]}
         assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
@@ -224,7 +229,7 @@ def test_helm_test_hook_calls_generate_through_the_router(
     assert main["image"] == container(defaults, "router")["image"]
 
 
-def test_ucx_env_and_model_volume_reach_the_workers_only(render: Render) -> None:
+def test_ucx_env_reaches_the_workers_only_and_the_model_volume_every_role(render: Render) -> None:
     objects = render(
         {
             "ucx": {"tls": "rc,tcp", "netDevices": "mlx5_0:1", "tcpPortRange": "50100-50200"},
@@ -248,11 +253,8 @@ def test_ucx_env_and_model_volume_reach_the_workers_only(render: Render) -> None
             v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v
         ]
         mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
-        if role in WORKERS:
-            assert claims == [{"claimName": "models"}]
-            assert mounts["/models/smollm2-135m-instruct"]["readOnly"] is True
-        else:
-            assert claims == [] and "/models/smollm2-135m-instruct" not in mounts
+        assert claims == [{"claimName": "models"}]
+        assert mounts["/models/smollm2-135m-instruct"]["readOnly"] is True
 
 
 def test_http_port_zero_turns_the_openai_api_off(render: Render) -> None:

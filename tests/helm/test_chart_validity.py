@@ -92,6 +92,7 @@ BAD_VALUES = {
     "gpu flag as text": ("decode:\n  gpu:\n    enabled: 'yes'\n", "/decode/gpu/enabled"),
     "unknown service type": ("router:\n  service:\n    type: Ingress\n", "/router/service/type"),
     "unknown dtype": ("prefill:\n  engine:\n    dtype: int8\n", "/prefill/engine/dtype"),
+    "unknown kv cache dtype": ("engine:\n  kvCacheDtype: int4\n", "/engine/kvCacheDtype"),
     "relative model path": ("model:\n  path: models/x\n", "/model/path"),
     "hpa bounds as text": ("decode:\n  autoscaling:\n    maxReplicas: '8'\n", "maxReplicas"),
     "router has no gpu": ("router:\n  gpu:\n    enabled: true\n", "gpu"),

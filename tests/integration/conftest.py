@@ -44,8 +44,10 @@ def start_cluster(
     worker_args: tuple[str, ...] = WORKER_ARGS,
     env: tuple[tuple[str, str], ...] = (),
     tls: ClusterTls | None = None,
+    prefill_args: tuple[str, ...] = (),
 ) -> Cluster:
-    """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable)."""
+    """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable);
+    `prefill_args` follow `worker_args` on the prefill workers only."""
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=num_prefill,
@@ -53,6 +55,7 @@ def start_cluster(
         base_port=free_port_base(),
         metrics_base_port=free_port_base(),
         worker_args=worker_args,
+        prefill_args=prefill_args,
         router_args=router_args,
         env=UCX_ENV + env,
         drain_grace_seconds=5.0,

@@ -100,3 +100,16 @@ async def cancel_while_sharing(cluster: Cluster, long: list[int], short: list[in
             if received >= 3:
                 break  # leaving the loop cancels the call
     return received
+
+
+async def cancel_stream_after(cluster: Cluster, prompt: list[int], tokens: int = 3) -> int:
+    """Streams a long greedy generation and cancels it once `tokens` tokens arrived; returns
+    how many arrived (at least `tokens` unless the stream ended first)."""
+    sampling = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    received = 0
+    async with GenerationClient.connect(cluster.router.address) as client:
+        async for chunk in client.generate_stream(build_request(prompt, sampling=sampling)):
+            received += len(chunk.token_ids)
+            if received >= tokens:
+                break  # leaving the loop cancels the call
+    return received

@@ -12,7 +12,7 @@ from pdserve.cluster import Cluster
 from pdserve.core.kv_cache import KVLayout
 from pdserve.core.scheduler import blocks_for
 
-from .helpers import metric, wait_all_blocks_free
+from .helpers import cancel_stream_after, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
@@ -74,17 +74,7 @@ def test_kv_bytes_cross_ucx_exactly(cluster: Cluster, prompts: list[list[int]]) 
 def test_cancelled_stream_frees_blocks_on_both_tiers(
     cluster: Cluster, prompts: list[list[int]]
 ) -> None:
-    async def cancel_midway() -> int:
-        sampling = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
-        received = 0
-        async with GenerationClient.connect(cluster.router.address) as client:
-            async for chunk in client.generate_stream(build_request(prompts[6], sampling=sampling)):
-                received += len(chunk.token_ids)
-                if received >= 3:
-                    break  # leaving the loop cancels the call
-        return received
-
-    assert asyncio.run(cancel_midway()) >= 3
+    assert asyncio.run(cancel_stream_after(cluster, prompts[6])) >= 3
     wait_all_blocks_free(cluster)
 
 

@@ -110,12 +110,33 @@ def test_disconnect_mid_stream_frees_blocks_on_both_tiers(
     wait_all_blocks_free(cluster)
 
 
+def test_n_samples_equal_the_grpc_samples(cluster: Cluster, client: openai.OpenAI) -> None:
+    sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_k=50, seed=7, n=3)
+
+    async def grpc_samples() -> list[str]:
+        async with GenerationClient.connect(cluster.router.address) as grpc_client:
+            reply = await grpc_client.generate(build_request(PROMPT, sampling=sampling))
+            return [sample.text for sample in reply.samples]
+
+    expected = asyncio.run(grpc_samples())
+    request: dict[str, Any] = {"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.9}
+    request.update(model=_model(client), seed=7, n=3, extra_body={"top_k": 50})
+    reply = client.completions.create(**request)
+    assert [choice.text for choice in reply.choices] == expected
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(**request, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == expected
+    wait_all_blocks_free(cluster)
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
         ({"temperature": -1.0}, "temperature"),
         ({"max_tokens": 100_000}, "max_tokens"),
-        ({"n": 3}, "n"),
+        ({"n": 17}, "n"),
         ({"prompt": ""}, "prompt"),
     ],
 )

@@ -4,6 +4,8 @@ the plaintext cluster's greedy tokens, and the workers refuse every caller but t
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +105,25 @@ def test_workers_admit_only_the_router(tls_cluster: Cluster, pki: Pki) -> None:
     assert _load_code(worker, no_cert) is grpc.StatusCode.UNAVAILABLE  # handshake refused
     assert _load_code(worker, as_client(pki.stranger)) is grpc.StatusCode.PERMISSION_DENIED
     assert _load_code(worker, as_client(pki.router)) is grpc.StatusCode.OK
+
+
+def test_generate_cli_speaks_tls_with_tls_ca(tls_cluster: Cluster, pki: Pki) -> None:
+    command = [
+        sys.executable, "-m", "pdserve", "generate", PROMPTS[0],
+        "--address", tls_cluster.router.address, "--max-tokens", "12",
+    ]  # fmt: skip
+    trusted = [*command, "--tls-ca", str(pki.ca.cert_path)]
+    printed = subprocess.run(trusted, capture_output=True, text=True, timeout=120, check=True)
+    assert printed.stdout == asyncio.run(greedy_text(tls_cluster.router.address, pki)) + "\n"
+    plaintext = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert plaintext.returncode == 1 and "UNAVAILABLE" in plaintext.stderr
+    half = subprocess.run([*trusted, "--tls-cert", str(pki.stranger.cert)], capture_output=True)
+    assert half.returncode == 2 and b"--tls-key" in half.stderr
+
+
+async def greedy_text(address: str, pki: Pki) -> str:
+    trust = grpc.ssl_channel_credentials(pki.ca.cert_path.read_bytes())
+    async with GenerationClient.connect(address, trust) as client:
+        reply = await client.generate(build_request(PROMPTS[0], sampling=GREEDY), timeout=120)
+    assert len(reply.token_ids) == 12
+    return str(reply.text)

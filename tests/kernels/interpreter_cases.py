@@ -18,11 +18,13 @@ from pdserve.kernels import (
     copy_blocks,
     paged_attention_decode,
     paged_attention_prefill,
+    torch_decode,
     triton_decode,
     write_kv,
 )
 from pdserve.kernels._backend import use_triton
 from pdserve.kernels.cases import HeadConfig, check_decode, check_prefill, make_paged_case
+from pdserve.kernels.kv_quant import quantize
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)
@@ -32,6 +34,19 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def test_cpu_tensors_dispatch_to_the_interpreter() -> None:
     assert use_triton(torch.device("cpu"))
+
+
+def test_int8_caches_take_the_torch_path_where_triton_runs() -> None:
+    """The Triton kernels read float caches only; int8 ones must never reach them (a Triton
+    kernel given int8 rows of head_dim + 4 would refuse or misread them)."""
+    assert not use_triton(torch.device("cpu"), int8_kv=True)
+    case = make_paged_case([33, 2], HeadConfig(9, 3, 64, 16))
+    k8, v8 = quantize(case.k_cache), quantize(case.v_cache)
+    args = (case.block_tables, case.context_lens, case.scale)
+    out = paged_attention_decode(case.q, k8, v8, *args)
+    expected = torch_decode.decode_attention(case.q, k8, v8, *args)
+    assert torch.equal(out, expected)
+    write_kv(case.q[:, :3], case.q[:, :3], k8, v8, torch.tensor([0, 1]))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -89,12 +89,45 @@ def test_chat_stream_starts_with_the_assistant_role(router_stack: Any) -> None:
     asyncio.run(body())
 
 
+def test_n_samples_answer_one_choice_each_with_usage_summed(router_stack: Any) -> None:
+    async def body() -> None:
+        async with router_stack() as stack, openai_client(stack) as (client, model):
+            reply = await client.completions.create(model=model, prompt="Hi", max_tokens=4, n=3)
+            assert [choice.index for choice in reply.choices] == [0, 1, 2]
+            assert all(choice.text == EXPECTED for choice in reply.choices)
+            assert reply.usage is not None and reply.usage.completion_tokens == 3 * 4
+            assert reply.usage.prompt_tokens == len(
+                stack.tiers.decode[0].reserves[-1].prompt_token_ids
+            )
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=4,
+                n=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
+            texts = ["", ""]
+            for chunk in chunks:
+                for choice in chunk.choices:
+                    texts[choice.index] += choice.delta.content or ""
+            assert texts == [EXPECTED, EXPECTED]
+            roles = [
+                c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role
+            ]
+            assert roles == ["assistant", "assistant"]  # each sample's first event carries it
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2 * 4
+
+    asyncio.run(body())
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
         ({"temperature": 3.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"max_tokens": 10**6}, "max_tokens"),
         ({"stop": ["a"] * 20}, "stop"),
         ({"prompt": ["one", "two"]}, "prompt"),

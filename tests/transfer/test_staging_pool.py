@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from pdserve.core.kv_cache import KVLayout
 from pdserve.core.transfer.staging import StagingPool
 
@@ -28,3 +30,16 @@ def test_same_size_buffers_are_handed_out_once_each() -> None:
     pool.release(second)
     taken = {pool.acquire(LAYOUT, 2, 1).memory.data_ptr() for _ in range(2)}
     assert taken == {first.memory.data_ptr(), second.memory.data_ptr()}
+
+
+def test_idle_memory_is_reused_only_on_its_own_device() -> None:
+    """Device staging (GPU tiers) and host staging share one pool: a host transfer must never be
+    handed device memory, nor the other way round ("meta" stands in for a GPU here)."""
+    pool = StagingPool(max_pooled_bytes=1 << 20)
+    elsewhere = pool.acquire(LAYOUT, 4, 1, torch.device("meta"))
+    assert elsewhere.memory.device.type == "meta"
+    pool.release(elsewhere)
+    on_host = pool.acquire(LAYOUT, 1, 1)
+    assert on_host.memory.device.type == "cpu" and pool.idle_bytes == elsewhere.memory.numel()
+    again = pool.acquire(LAYOUT, 1, 1, torch.device("meta"))
+    assert again.memory is elsewhere.memory and pool.idle_bytes == 0

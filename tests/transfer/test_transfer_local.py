@@ -20,6 +20,7 @@ from pdserve.core.transfer.interface import (
     send_whole,
 )
 from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
+from pdserve.kernels.kv_quant import dequantize, quantize
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=3, head_dim=8, block_size=4, dtype="bfloat16")
 SRC, DST = [3, 7, 1], [10, 2, 5]
@@ -195,3 +196,27 @@ def test_unpushed_or_repeated_pieces_fail_the_send(layered: Pair) -> None:
         sender.open(descriptor, source, SRC, 9).done().result()
     with pytest.raises(ValueError, match="num_pieces"):
         sender.open(dataclasses.replace(descriptor, num_pieces=6), source, SRC, 9)
+
+
+INT8_LAYOUT = dataclasses.replace(PIECES_LAYOUT, dtype="int8")
+
+
+def test_int8_blocks_travel_with_their_scales_in_pieces() -> None:
+    """An int8 cache's rows end in their scales: whole blocks move byte-exact, scales included,
+    and bytes per block are (head_dim + 4) int8 bytes per row."""
+    hub = LocalTransferHub()
+    source, target = KVCache(INT8_LAYOUT, 12, "cpu"), KVCache(INT8_LAYOUT, 12, "cpu")
+    floats = torch.randn((*source.tensor.shape[:-1], 8), generator=torch.Generator().manual_seed(0))
+    source.tensor.copy_(quantize(floats))
+    sender, receiver = LocalKVSender(hub), LocalKVReceiver(hub, target, 3)
+    descriptor = receiver.expect("r", DST, INT8_LAYOUT)
+    sending = sender.open(descriptor, source, SRC, 9)
+    for piece in range(3):
+        sending.push(piece)
+    assert sending.done().result().nbytes == 3 * INT8_LAYOUT.block_nbytes
+    assert receiver.poll("r") is TransferState.DONE
+    assert INT8_LAYOUT.block_nbytes == 5 * 2 * 4 * 3 * (8 + 4)
+    landed = dequantize(target.tensor[:, :, DST], torch.float32)
+    assert torch.equal(landed, dequantize(source.tensor[:, :, SRC], torch.float32))
+    with pytest.raises(LayoutMismatchError, match="dtype='bfloat16'"):
+        receiver.expect("other", [0], PIECES_LAYOUT)  # int8 and float tiers never exchange KV

@@ -45,6 +45,8 @@ class Peer:
         layout: KVLayout = LAYOUT,
         num_blocks: int = NUM_BLOCKS,
         num_pieces: int = 1,
+        device: str = "cpu",
+        staging: str = "host",
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
@@ -54,7 +56,7 @@ class Peer:
             "UCXPY_ENABLE_PYTHON_FUTURE": "1",
             "UCX_WARN_UNUSED_ENV_VARS": "n",
         }
-        args = (child, role, env, layout, num_blocks, num_pieces)
+        args = (child, role, env, layout, num_blocks, num_pieces, device, staging)
         self.process = context.Process(target=run_peer, args=args, daemon=True)
         self.process.start()
         child.close()
@@ -92,19 +94,22 @@ def run_peer(
     layout: KVLayout,
     num_blocks: int,
     num_pieces: int,
+    device: str,
+    staging: str,
 ) -> None:
     os.environ.update(env)
     import torch
 
     from pdserve.core.kv_cache import KVCache
+    from pdserve.core.transfer.staging import StagingPlace
     from pdserve.core.transfer.ucx import KVReceiver
     from pdserve.core.transfer.ucx_runtime import UcxConfig
     from pdserve.core.transfer.ucx_sender import KVSender
 
-    cache = KVCache(layout, num_blocks, "cpu")
+    cache = KVCache(layout, num_blocks, device)
     generator = torch.Generator().manual_seed(1 if role == "prefill" else 2)
     cache.tensor.copy_(torch.randn(cache.tensor.shape, generator=generator))
-    config = UcxConfig(send_timeout_s=SEND_TIMEOUT_S)
+    config = UcxConfig(send_timeout_s=SEND_TIMEOUT_S, staging=StagingPlace(staging))
     peer: KVReceiver | KVSender = (
         KVReceiver(cache, config, num_pieces) if role == "decode" else KVSender(config)
     )
@@ -200,7 +205,7 @@ _COMMANDS: dict[str, Any] = {
     "idle_staging": lambda peer, cache: (
         peer.idle_staging_bytes if hasattr(peer, "idle_staging_bytes") else peer.pool.idle_bytes
     ),
-    "cache": lambda peer, cache: cache.tensor.clone(),
+    "cache": lambda peer, cache: cache.tensor.cpu().clone(),
     "rejected": lambda peer, cache: peer.rejected_messages,
     "counters": lambda peer, cache: (
         getattr(peer, "bytes_received", getattr(peer, "bytes_sent", 0)),

@@ -26,9 +26,9 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- with $cfg.maxTokens }}
 - --max-tokens={{ . }}
 {{- end }}
-{{- else }}
-- --model={{ .root.Values.model.path }}
 {{- end }}
+{{- /* The router tokenizes and renders the chat template: it must read the workers' model. */}}
+- --model={{ .root.Values.model.path }}
 {{- include "pdserve.tlsArgs" . }}
 {{- range $cfg.extraArgs }}
 - {{ . | quote }}
@@ -204,7 +204,7 @@ spec:
           mountPath: /tmp
         - name: cache
           mountPath: /home/pdserve/.cache
-        {{- if and (ne .role "router") $root.Values.model.volume }}
+        {{- if $root.Values.model.volume }}
         - name: model
           mountPath: {{ $root.Values.model.path }}
           readOnly: true
@@ -221,7 +221,7 @@ spec:
     - name: cache
       emptyDir:
         sizeLimit: {{ $root.Values.scratch.cacheSizeLimit }}
-    {{- if and (ne .role "router") $root.Values.model.volume }}
+    {{- if $root.Values.model.volume }}
     - name: model
       {{- toYaml $root.Values.model.volume | nindent 6 }}
     {{- end }}
