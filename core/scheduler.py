@@ -8,10 +8,8 @@ prefill chunks and decodes share every step under one token budget. A step:
    prefill). When blocks run out, the worst running request (lowest priority, latest arrival) is
    preempted: its blocks are swapped to the CPU pool if it has room, else freed for recompute.
 2. Swapped and waiting requests, best first, are admitted while budget, `max_num_seqs` and blocks
-   allow. Under the `priority` policy a request may preempt running requests worse than itself.
-   A waiting request first takes the leading blocks the pool has cached for its tokens (prefix
-   caching lives in the block pool; here we only ask how many leading blocks are cached), starts
-   computing after them, and allocates only the rest.
+   allow; under `priority` one may preempt worse running ones. A fresh request first takes the
+   leading blocks cached for its tokens (`take_cached_prefix`) and allocates only the rest.
 
 After the forward, `record_computed` advances each request and registers the blocks it filled, so
 later requests (and its own recompute after a preemption) can reuse them.
@@ -129,10 +127,7 @@ class Scheduler:
                     request.num_computed_tokens = 0
                 if self.running:
                     return  # head-of-line: admitting later ones first would break the order
-                # Nothing runs, so nothing will free blocks for it: only waiting requests that
-                # hold blocks already (decode: their KV arrived from prefill) can move. Waiting
-                # for the head would wait forever.
-                continue
+                continue  # nothing runs to free blocks for it: requests holding theirs may move
             if fresh:
                 self.num_prefix_query_tokens += request.num_tokens
                 self.num_prefix_hit_tokens += num_cached
