@@ -52,6 +52,7 @@ class KVSender:
     ) -> PieceSend:
         """Checks the arguments (layout first; raises before any byte moves)."""
         check_send_args(descriptor, kv_cache, src_block_ids, num_tokens)
+        self.runtime.refill_futures()  # the pieces' sends are posted from the caller's thread
         return PieceSend(self, descriptor, kv_cache, src_block_ids)
 
     def close(self) -> None:
