@@ -30,12 +30,17 @@ class PrefixMap:
         self.block_size = block_size
         self.max_blocks = max_blocks
         self._seen: dict[str, OrderedDict[BlockHash, None]] = {}
+        # The last prompt hashed: both tiers' picks (and retries) for one request hash it once.
+        self._last: tuple[Sequence[int], tuple[BlockHash, ...]] | None = None
 
-    def hashes(self, prompt: Sequence[int]) -> list[BlockHash]:
+    def hashes(self, prompt: Sequence[int]) -> tuple[BlockHash, ...]:
         """The prompt's full blocks, chained (equal hashes: equal leading tokens)."""
+        if self._last is not None and self._last[0] is prompt:
+            return self._last[1]
         known: list[BlockHash] = []
         chain_hashes(_ROOT, prompt, self.block_size, known)
-        return known
+        self._last = (prompt, tuple(known))
+        return self._last[1]
 
     def matched(self, worker: str, hashes: Sequence[BlockHash]) -> int:
         """How many leading blocks of `hashes` were routed to `worker` recently."""

@@ -84,6 +84,7 @@ class WorkerPool(Generic[StubT]):
         tier: Tier,
         make_stub: Callable[[grpc.aio.Channel], StubT],
         config: RouterConfig,
+        prefix_map: PrefixMap | None = None,
     ) -> None:
         self.tier = tier
         self.workers: dict[str, Worker[StubT]] = {}
@@ -92,8 +93,7 @@ class WorkerPool(Generic[StubT]):
         self._tls = config.worker_tls
         self._channel_options = message_limits(config.max_message_bytes)
         self._turn = 0
-        prefix = config.routing_policy is RoutingPolicy.PREFIX
-        self.prefix_map = PrefixMap(config.block_size) if prefix else None
+        self.prefix_map = prefix_map  # set under --routing-policy prefix (shared by both tiers)
         self._closing: set[asyncio.Task[None]] = set()
 
     def set_addresses(self, addresses: Iterable[str]) -> None:
@@ -225,8 +225,11 @@ class Registry:
 
     def __init__(self, config: RouterConfig, resolver: Resolver = resolve_dns) -> None:
         self.config = config
-        self.prefill: WorkerPool[PrefillAsyncStub] = WorkerPool(Tier.PREFILL, _prefill_stub, config)
-        self.decode: WorkerPool[DecodeAsyncStub] = WorkerPool(Tier.DECODE, _decode_stub, config)
+        # One map for both tiers (keys are worker addresses): a request's prompt is hashed once.
+        prefix = config.routing_policy is RoutingPolicy.PREFIX
+        prefixes = PrefixMap(config.block_size) if prefix else None
+        self.prefill = WorkerPool(Tier.PREFILL, _prefill_stub, config, prefixes)
+        self.decode = WorkerPool(Tier.DECODE, _decode_stub, config, prefixes)
         self._targets = {
             Tier.PREFILL: parse_targets("--prefill", config.prefill_targets, allow_empty=True),
             Tier.DECODE: parse_targets("--decode", config.decode_targets),
