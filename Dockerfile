@@ -20,7 +20,7 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 WORKDIR /src
 # setup.py is the build hook that generates the protobuf modules (grpcio-tools).
 COPY pyproject.toml setup.py README.md ./
-COPY api/ api/
+COPY pdserve/ pdserve/
 COPY core/ core/
 COPY kernels/ kernels/
 COPY router/ router/

@@ -2,7 +2,7 @@
 
 For each configuration (`1P1D`: prefill pinned to core 0, decode to core 1; `1P2D`: both decode
 workers share core 1; `2P1D`: both prefill workers share core 0) it starts the real router and
-workers (`api/cluster.py`), warms them up, and at each rate drives `pdserve loadtest` with the
+workers (`pdserve/cluster.py`), warms them up, and at each rate drives `pdserve loadtest` with the
 workload's requests as GenerateStream calls started at i / rate (the load runner's constant
 schedule, so the rates are whole numbers, as ghz's `rps` is); then it simulates the same trace
 with the profile and prints, per configuration, rate and metric, the real and simulated values

@@ -45,7 +45,7 @@ def build_package_tree(root: Path) -> Path:
     """`root/pdserve/...` mirroring pyproject's package-dir mapping, as symlinks."""
     package = root / "pdserve"
     package.mkdir(parents=True)
-    for module in (REPO / "api").glob("*.py"):
+    for module in (REPO / "pdserve").glob("*.py"):
         (package / module.name).symlink_to(module)
     for name, source in PACKAGE_DIRS.items():
         (package / name).symlink_to(REPO / source, target_is_directory=True)

@@ -106,7 +106,7 @@ def test_entrypoint_and_roles_are_in_the_cli_table(
     assert pyproject["project"]["scripts"]["pdserve"] == "pdserve.cli:main"
     assert command == ["router"]
     missing = subcommands_the_deployment_runs(contract) - set(SUBCOMMANDS)
-    assert not missing, f"not in api/cli.py SUBCOMMANDS: {sorted(missing)}"
+    assert not missing, f"not in pdserve/cli.py SUBCOMMANDS: {sorted(missing)}"
 
 
 def test_subcommand_modules_exist_with_the_cli_interface(contract: dict[str, Any]) -> None:
