@@ -1,36 +1,68 @@
-"""`pdserve bench`: benchmarks, one sub-subcommand each (offline, disagg, peers, precision,
-kv-int8)."""
+"""`pdserve bench NAME`: every benchmark's one door.
+
+Each module defines `add_arguments(parser)` and `run(args) -> int`. The families are packages:
+offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving), peers/
+(side by side with llama.cpp), router/ (the router's relay capacity), sjf/ (scheduling policies),
+micro/ (one mechanism each).
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Protocol
+import importlib
+from typing import Protocol, cast
 
-from pdserve.bench import disagg, kv_int8, offline_cli, peers_cli, precision_quality
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "offline": ("pdserve.bench.offline.cli", "offline throughput of the engine core"),
+    "make-workloads": (
+        "pdserve.bench.offline.make_workloads",
+        "write the shipped offline workloads (seeded)",
+    ),
+    "disagg": (
+        "pdserve.bench.disagg.cli",
+        "colocated vs disaggregated vs conditional serving on the same cores (Poisson load)",
+    ),
+    "disagg-ttft": (
+        "pdserve.bench.disagg.ttft",
+        "KV transfer's exposed share of TTFT, whole-prompt vs layer-wise push",
+    ),
+    "peers": ("pdserve.bench.peers.cli", "pdserve side by side with llama.cpp"),
+    "router": ("pdserve.bench.router.cli", "the router's overhead and relay over fake tiers"),
+    "sjf-latency": ("pdserve.bench.sjf.latency", "sjf vs fcfs, wall-clock latency"),
+    "sjf-steps": ("pdserve.bench.sjf.steps", "sjf vs fcfs, latency in engine steps"),
+    "attention": ("pdserve.bench.micro.attention", "paged attention kernels, Triton vs torch"),
+    "transfer": ("pdserve.bench.micro.transfer", "KV transfer over UCX vs gRPC, vs ucx_perftest"),
+    "prefix-cache": ("pdserve.bench.micro.prefix_cache", "prefix cache off vs on, shared prompt"),
+    "kv-int8": ("pdserve.bench.micro.kv_int8", "int8 KV cache: quality, capacity, speed"),
+    "precision": (
+        "pdserve.bench.micro.precision",
+        "opt-in weight precisions: quality and batch-1 speed",
+    ),
+    "packed-gemm": (
+        "pdserve.bench.micro.packed_gemm",
+        "packed small-batch GEMM on vs off (A/B, fresh processes)",
+    ),
+}
 
 
 class Benchmark(Protocol):
-    HELP: str
-
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-BENCHMARKS: dict[str, Benchmark] = {
-    "offline": offline_cli,
-    "disagg": disagg,
-    "peers": peers_cli,
-    "precision": precision_quality,
-    "kv-int8": kv_int8,
-}
+def _load(name: str) -> Benchmark:
+    return cast(Benchmark, importlib.import_module(BENCHMARKS[name][0]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Imports every benchmark module (a few seconds: torch) to build their parsers."""
     benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for name, module in BENCHMARKS.items():
-        module.add_arguments(benchmarks.add_parser(name, help=module.HELP, description=module.HELP))
+    for name, (_, help_text) in BENCHMARKS.items():
+        _load(name).add_arguments(
+            benchmarks.add_parser(name, help=help_text, description=help_text)
+        )
 
 
 def run(args: argparse.Namespace) -> int:
-    return BENCHMARKS[args.benchmark].run(args)
+    return _load(args.benchmark).run(args)

@@ -14,9 +14,9 @@ from typing import Protocol, cast
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model": ("pdserve.core.model.cli", "prepare or inspect a model folder"),
     "generate": ("pdserve.generate_cli", "generate text (through the router, or --local)"),
-    "bench": ("pdserve.bench.cli", "offline throughput benchmarks"),
+    "bench": ("pdserve.bench.cli", "benchmarks, one door each (pdserve bench --help)"),
     "up": ("pdserve.up", "run router + prefill + decode on 127.0.0.1"),
-    "selftest": ("pdserve.bench.gpu_selftest", "verify the GPU path (--gpu), one JSON report"),
+    "selftest": ("pdserve.selftest.cli", "verify the GPU path (--gpu), one JSON report"),
     "router": ("pdserve.router.main", "run the router (public gRPC API)"),
     "prefill": ("pdserve.prefill_service.main", "run a prefill worker"),
     "decode": ("pdserve.decode_service.main", "run a decode worker"),

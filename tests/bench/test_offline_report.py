@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.bench.offline_engines import EngineKind, EngineRun
-from pdserve.bench.offline_report import plot, ratio_table, summarize
+from pdserve.bench.offline.engines import EngineKind, EngineRun
+from pdserve.bench.offline.report import plot, ratio_table, summarize
 
 
 def _run(engine: EngineKind, max_batch: int, seconds: float, repeat: int = 0) -> EngineRun:

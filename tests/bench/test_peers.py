@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pdserve.bench import peers_cli
-from pdserve.bench.peers_llama import GgufType, parse_batched_bench
-from pdserve.bench.peers_report import PeerResult, json_line, report
+from pdserve.bench.peers import cli as peers_cli
+from pdserve.bench.peers.llama import GgufType, parse_batched_bench
+from pdserve.bench.peers.report import PeerResult, json_line, report
 
 
 def _parse(*argv: str) -> argparse.Namespace:

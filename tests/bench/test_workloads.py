@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.bench import make_workloads
-from pdserve.bench.offline_workload import (
+from pdserve import cli
+from pdserve.bench.offline.workload import (
     WORKLOAD_DIR,
     WorkloadError,
     load_workload,
@@ -39,11 +39,8 @@ def test_uniform_has_64_requests_of_64_prompt_and_100_output_tokens() -> None:
     assert all(0 <= t < VOCAB for r in requests for t in r.prompt)
 
 
-def test_generator_reproduces_the_shipped_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("sys.argv", ["make_workloads", "--out", str(tmp_path)])
-    make_workloads.main()
+def test_generator_reproduces_the_shipped_files(tmp_path: Path) -> None:
+    assert cli.main(["bench", "make-workloads", "--out", str(tmp_path)]) == 0
     for name in ("mixed.json", "uniform.json"):
         assert (tmp_path / name).read_bytes() == (WORKLOAD_DIR / name).read_bytes()
 
@@ -73,7 +70,7 @@ def test_unreadable_file_is_a_workload_error(tmp_path: Path) -> None:
 
 
 def test_disagg_spec_ranges_parse_and_bad_ones_name_the_field() -> None:
-    from pdserve.bench.disagg_workload import DEFAULT_SPEC, call_data, parse_spec
+    from pdserve.bench.disagg.workload import DEFAULT_SPEC, call_data, parse_spec
 
     classes = parse_spec(DEFAULT_SPEC)
     assert [c.name for c in classes] == ["chat", "long"]

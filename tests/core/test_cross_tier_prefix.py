@@ -15,10 +15,10 @@ import pytest
 from pdserve.core.config import EngineConfig
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.transfer.interface import TransferDescriptor
-from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.prefill_service.engine import PrefillEngine
 from tests.conftest import SHARED_MAX_TOKENS
+from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=SHARED_MAX_TOKENS, temperature=0.0)

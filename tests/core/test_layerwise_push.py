@@ -12,9 +12,9 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.transfer.interface import TransferDescriptor, TransferState, layer_groups
-from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
 from pdserve.core.transfer.staging import Piece
 from pdserve.prefill_service.engine import PrefillEngine
+from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
 NUM_PIECES = 4
 

@@ -23,8 +23,8 @@ from pdserve.kernels import (
     write_kv,
 )
 from pdserve.kernels._backend import use_triton
-from pdserve.kernels.cases import HeadConfig, check_decode, check_prefill, make_paged_case
 from pdserve.kernels.kv_quant import quantize
+from pdserve.testing.kernel_cases import HeadConfig, check_decode, check_prefill, make_paged_case
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs TRITON_INTERPRET=1 before triton is imported", allow_module_level=True)

@@ -15,7 +15,7 @@ from pdserve.kernels import (
     paged_attention_prefill,
     write_kv,
 )
-from pdserve.kernels.cases import HeadConfig, make_paged_case
+from pdserve.testing.kernel_cases import HeadConfig, make_paged_case
 
 CASE = make_paged_case([5, 20], HeadConfig(4, 2, 64, 16), query_lens=[2, 3])
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from pdserve.kernels import paged_attention_decode, paged_attention_prefill, write_kv
-from pdserve.kernels.cases import HeadConfig, PagedAttentionCase, make_paged_case
 from pdserve.kernels.kv_quant import QMAX, SCALE_NBYTES, dequantize, head_dim_of, quantize
 from pdserve.kernels.reference import reference_decode, reference_prefill
+from pdserve.testing.kernel_cases import HeadConfig, PagedAttentionCase, make_paged_case
 
 HEADS = HeadConfig(num_heads=9, num_kv_heads=3, head_dim=64, block_size=16)
 LENS = [1, 15, 16, 17, 100, 300]
@@ -118,7 +118,9 @@ def test_decode_over_int8_is_attention_over_the_dequantized_cache(
     dequantized = (dequantize(int8.k_cache, dtype), dequantize(int8.v_cache, dtype))
     args = (case.block_tables, case.context_lens, case.scale)
     exact = reference_decode(case.q, *dequantized, *args, sliding_window=window)
-    tolerance = 1e-5 if dtype == torch.float32 else 1.6e-2  # kernels/cases.py TOLERANCES
+    tolerance = (
+        1e-5 if dtype == torch.float32 else 1.6e-2
+    )  # pdserve/testing/kernel_cases.py TOLERANCES
     torch.testing.assert_close(out.float(), exact, atol=tolerance, rtol=tolerance)
     if dtype == torch.float32:
         original = reference_decode(case.q, case.k_cache, case.v_cache, *args, window)

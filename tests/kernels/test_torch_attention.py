@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdserve.kernels import paged_attention_decode, paged_attention_prefill, torch_decode
-from pdserve.kernels.cases import (
+from pdserve.testing.kernel_cases import (
     TOLERANCES,
     HeadConfig,
     check_decode,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pdserve.kernels import copy_blocks, paged_attention_decode, paged_attention_prefill, write_kv
-from pdserve.kernels.cases import HeadConfig, check_decode, check_prefill, make_paged_case
+from pdserve.testing.kernel_cases import HeadConfig, check_decode, check_prefill, make_paged_case
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pdserve.bench.offline_workload import WORKLOAD_DIR, load_workload
+from pdserve.bench.offline.workload import WORKLOAD_DIR, load_workload
 from pdserve.core.config import EngineConfig
 from pdserve.core.scheduler import Scheduler
 from pdserve.core.static_scheduler import StaticScheduler

@@ -23,8 +23,8 @@ from pdserve.router.config import RequestCaps, RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.registry import Registry
 from pdserve.router.servicer import RouterServicer
-from pdserve.router.testing import FakeTiers, fake_tiers
 from pdserve.router.validation import RequestValidator, load_validator
+from pdserve.testing.fake_tiers import FakeTiers, fake_tiers
 from pdserve.v1 import generation_pb2_grpc
 
 

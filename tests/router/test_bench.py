@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 
-from pdserve.bench.router_bench import (
+from pdserve.bench.router.cli import (
     PROMPT_IDS,
     BareRelay,
     _direct_path,
@@ -16,7 +16,7 @@ from pdserve.bench.router_bench import (
     report,
 )
 from pdserve.client import GenerationClient
-from pdserve.router.testing import fake_tiers
+from pdserve.testing.fake_tiers import fake_tiers
 from pdserve.v1 import generation_pb2_grpc
 
 

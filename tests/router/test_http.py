@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pdserve.router.http.app import HttpDoor, build_app
-from pdserve.router.testing import FIRST_TOKEN_ID
+from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
 
 
 @contextlib.asynccontextmanager

@@ -16,7 +16,7 @@ from pdserve.cli import build_parser
 from pdserve.client import GenerationClient, build_request
 from pdserve.core.serving.server import ServerConfig
 from pdserve.router.main import ModelSource, build_router, router_config_from_args, run, serve
-from pdserve.router.testing import fake_tiers
+from pdserve.testing.fake_tiers import fake_tiers
 from pdserve.v1 import common_pb2
 
 

@@ -18,7 +18,7 @@ from pdserve.router.placement import (
     PrefillTierState,
     place_prefill,
 )
-from pdserve.router.testing import FIRST_TOKEN_ID
+from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
 from pdserve.v1 import common_pb2
 
 LOCAL, REMOTE = PrefillPlace.LOCAL, PrefillPlace.REMOTE

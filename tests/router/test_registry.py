@@ -18,7 +18,7 @@ from pdserve.router.targets import (
     parse_targets,
     resolve_dns,
 )
-from pdserve.router.testing import fake_tiers
+from pdserve.testing.fake_tiers import fake_tiers
 
 
 def test_parse_static_list_and_dns_name() -> None:

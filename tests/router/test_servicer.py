@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pdserve.client import build_request
-from pdserve.router.testing import FIRST_TOKEN_ID
 from pdserve.router.validation import RequestValidator
+from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
 from pdserve.v1 import common_pb2
 
 PROMPT = "The capital of France is"

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pdserve.client import build_request
-from pdserve.router.testing import FIRST_TOKEN_ID, Failure
+from pdserve.testing.fake_tiers import FIRST_TOKEN_ID, Failure
 from pdserve.v1 import common_pb2
 
 

@@ -19,8 +19,8 @@ from pdserve.core.transfer.interface import (
     piece_tag,
     send_whole,
 )
-from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
 from pdserve.kernels.kv_quant import dequantize, quantize
+from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=3, head_dim=8, block_size=4, dtype="bfloat16")
 SRC, DST = [3, 7, 1], [10, 2, 5]

@@ -1,0 +1,2 @@
+"""Micro-benchmarks of one mechanism each: attention, KV transfer, prefix cache, int8 KV,
+precisions, packed GEMM."""

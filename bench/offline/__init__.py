@@ -1,0 +1,1 @@
+"""Offline throughput of the engine core: workloads, engines, reports, the step profile."""

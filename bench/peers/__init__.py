@@ -1,0 +1,1 @@
+"""pdserve side by side with llama.cpp on the same host and workload."""

@@ -1,0 +1,148 @@
+"""`pdserve bench peers`: pdserve and llama.cpp on the same workload and weights, in one run.
+
+For every `--slots N`: pdserve's continuous engine (max batch N) times the workload in this
+process, then llama-server (`-t 2 -np N -cb`, context N x 512) serves it over HTTP `/completion`,
+all requests at t=0, greedy, EOS ignored, exactly max_tokens each. `--batch1` adds the batch-1
+decode time per token of both (pdserve: median engine step; llama.cpp: llama-batched-bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from pdserve.bench.offline import decode as offline_decode
+from pdserve.bench.offline.engines import EngineKind, Precision, load_engine, time_run
+from pdserve.bench.offline.workload import (
+    WORKLOAD_DIR,
+    WorkloadRequest,
+    total_output_tokens,
+    workload_and_model,
+)
+from pdserve.bench.peers import llama as peers_llama
+from pdserve.bench.peers.report import PeerResult, json_line, report
+from pdserve.bench.ports import free_port
+from pdserve.core.kv_cache import DTYPES
+from pdserve.core.model.precision import QUANTIZATIONS
+
+DEFAULT_CACHE = Path.home() / ".cache" / "pdserve" / "peers"
+WARMUP_REQUESTS = 4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", type=Path, default=WORKLOAD_DIR / "mixed.json")
+    parser.add_argument(
+        "--slots",
+        type=_slot_list,
+        required=True,
+        metavar="N[,N...]",
+        help="pdserve max batch and llama-server parallel slots; a comma list runs each",
+    )
+    parser.add_argument("--batch1", action="store_true", help="also time batch-1 decode")
+    parser.add_argument("--json", action="store_true", help="one JSON object per result line")
+    parser.add_argument("--model", help="model folder (default: the prepared SmolLM2-135M)")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="llama.cpp build/GGUFs")
+    parser.add_argument(
+        "--gguf",
+        type=peers_llama.GgufType,
+        default=peers_llama.GgufType.F32,
+        choices=list(peers_llama.GgufType),
+        metavar="{" + ",".join(kind.value for kind in peers_llama.GgufType) + "}",
+        help="llama.cpp's weights: f32 (the same numbers as pdserve's float32), q8_0, q4_1",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="pdserve's model/KV dtype"
+    )
+    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
+    parser.add_argument("--decode-steps", type=int, default=128, help="tokens timed by --batch1")
+
+
+def run(args: argparse.Namespace) -> int:
+    inputs = workload_and_model(args.workload, args.model)
+    if inputs is None:
+        return 2
+    workload, model_dir = inputs
+    # A `timeout` (SIGTERM) unwinds like Ctrl-C, so llama-server is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    peer = peers_llama.Peer(args.cache)
+    peers_llama.ensure_built(peer)
+    gguf = peers_llama.ensure_gguf(peer, model_dir, args.gguf)
+    precision = Precision(args.dtype, args.quantization)
+    weights = {"pdserve": precision.label, "llama.cpp": args.gguf.value}
+    results: list[PeerResult] = []
+
+    def done(*new: PeerResult) -> None:  # printed as they come: a killed run keeps its results
+        results.extend(new)
+        for result in new:
+            line = json_line(result, args.workload.name) if args.json else str(result)
+            print(line, file=sys.stdout if args.json else sys.stderr, flush=True)
+
+    if args.batch1:
+        done(*_batch1(args, peer, gguf, model_dir, list(workload[0].prompt), weights))
+    for slots in args.slots:
+        done(_run_pdserve(args, model_dir, workload, slots, weights["pdserve"]))
+        done(_run_llama(peer, gguf, workload, slots, weights["llama.cpp"]))
+    print(report(results), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _run_pdserve(
+    args: argparse.Namespace,
+    model_dir: Path,
+    workload: list[WorkloadRequest],
+    slots: int,
+    weights: str,
+) -> PeerResult:
+    precision = Precision(args.dtype, args.quantization)
+    engine = load_engine(EngineKind.CONTINUOUS, model_dir, workload, slots, precision)
+    load = os.getloadavg()[0]
+    run = time_run(engine, workload, 0)
+    return PeerResult("pdserve", slots, run.output_tokens, run.seconds, load, weights)
+
+
+def _run_llama(
+    peer: peers_llama.Peer, gguf: Path, workload: list[WorkloadRequest], slots: int, weights: str
+) -> PeerResult:
+    with peers_llama.serving(peer, gguf, slots, free_port()) as url:
+        peers_llama.run_workload(url, workload[:WARMUP_REQUESTS])
+        load = os.getloadavg()[0]
+        wall = peers_llama.run_workload(url, workload)
+    return PeerResult("llama.cpp", slots, total_output_tokens(workload), wall, load, weights)
+
+
+def _batch1(
+    args: argparse.Namespace,
+    peer: peers_llama.Peer,
+    gguf: Path,
+    model_dir: Path,
+    prompt: list[int],
+    weights: dict[str, str],
+) -> list[PeerResult]:
+    steps = args.decode_steps
+    load = os.getloadavg()[0]
+    ours = offline_decode.measure_batch1_decode(
+        model_dir, prompt, steps, Precision(args.dtype, args.quantization)
+    )
+    theirs_load = os.getloadavg()[0]
+    theirs_ms = peers_llama.batch1_ms_per_token(peer, gguf, len(prompt), steps)
+    ours_ms = 1e3 * ours.median_step
+    return [
+        PeerResult("pdserve", 1, steps, steps * ours_ms / 1e3, load, weights["pdserve"], ours_ms),
+        PeerResult(
+            "llama.cpp", 1, steps, steps * theirs_ms / 1e3, theirs_load, weights["llama.cpp"],
+            theirs_ms,
+        ),
+    ]  # fmt: skip
+
+
+def _slot_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--slots: {text!r} is not a list of integers") from error
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--slots: every value must be >= 1, got {text!r}")
+    return values

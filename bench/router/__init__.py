@@ -1,0 +1,1 @@
+"""The router's relay capacity against zero-work fake tiers."""

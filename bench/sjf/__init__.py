@@ -1,0 +1,1 @@
+"""Shortest-job-first against fcfs: step counts and wall-clock latency."""

@@ -1,0 +1,1 @@
+"""Fakes shared by the tests, the benchmarks and the selftest (never used in serving)."""

@@ -1,0 +1,1 @@
+"""Fakes only the tests use."""
