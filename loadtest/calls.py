@@ -24,6 +24,7 @@ class CallResult:
     output_tokens: int = 0
     first_token_ns: int | None = None  # streams only: send until the first token arrived
     token_gaps_ns: tuple[int, ...] = ()  # streams only: gaps between token-carrying chunks
+    request_number: int | None = None  # which of the run's requests (i: data[i % len(data)])
 
     @property
     def ok(self) -> bool:

@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pdserve.loadtest.schedule import LoadSchedule
+from pdserve.loadtest.schedule import POISSON_SEED, LoadSchedule
 
 IGNORED_KEYS = frozenset(
     {"proto", "protoset", "import-paths", "format", "output", "cpus", "debug", "connect-timeout"}
@@ -101,6 +101,9 @@ class LoadConfig:
     concurrency: int = 50
     rps: float = 0.0
     load_schedule: LoadSchedule = LoadSchedule.CONST
+    # Seeds the Poisson gaps: one seed, one arrival sequence. Not a ghz key: benchmarks that repeat
+    # a point set a fresh seed per repeat.
+    schedule_seed: int = POISSON_SEED
     duration_s: float = 0.0
     max_duration_s: float = 0.0
     duration_stop: DurationStop = DurationStop.CLOSE

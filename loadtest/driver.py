@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -95,10 +95,14 @@ class _Run:
             if self.slots.closed:
                 return
             request = self.messages[number % len(self.messages)]
-            await self._one_call(client, request, settings)
+            await self._one_call(client, number, request, settings)
 
     async def _one_call(
-        self, client: GenerationClient, request: RequestMessage, settings: CallSettings
+        self,
+        client: GenerationClient,
+        number: int,
+        request: RequestMessage,
+        settings: CallSettings,
     ) -> None:
         self.progress.call_started()
         started_at, started_ns = time.time(), time.perf_counter_ns()
@@ -109,9 +113,9 @@ class _Run:
             dropped = self.config.duration_stop is DurationStop.IGNORE
             desc = "run stopped while the call was in flight"
             cancelled = error_result(started_at, started_ns, grpc.StatusCode.CANCELLED, desc)
-            self._record(None if dropped else cancelled)
+            self._record(None if dropped else replace(cancelled, request_number=number))
             raise
-        self._record(result)
+        self._record(replace(result, request_number=number))
 
     def _record(self, result: CallResult | None) -> None:
         self.progress.call_finished(result)
@@ -142,7 +146,7 @@ async def drive(config: LoadConfig, progress: Progress | None = None) -> RunOutc
     messages = build_messages(config.method, config.data)
     clients = [GenerationClient(open_channel(config)) for _ in range(config.connections)]
     limit = None if config.duration_s > 0 else config.total
-    slots = _Slots(limit, ArrivalSchedule(config.rps, config.load_schedule))
+    slots = _Slots(limit, ArrivalSchedule(config.rps, config.load_schedule, config.schedule_seed))
     run = _Run(config, messages, clients, slots, progress or Progress(None), [])
     started_at, started_ns = time.time(), time.perf_counter_ns()
     try:

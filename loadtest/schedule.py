@@ -2,8 +2,9 @@
 
 Poisson (a pdserve extension of ghz's `load-schedule` key) is how serving benchmarks model
 independent users (vLLM's benchmark_serving, DistServe): exponential gaps, so bursts and lulls
-happen as they do in production. The gaps come from a fixed seed, so every run of one config (and
-every arm of a side-by-side benchmark) sees the very same arrival times.
+happen as they do in production. The gaps come from a seed (`POISSON_SEED` unless the config sets
+another), so every run of one config (and every arm of a side-by-side benchmark) sees the very
+same arrival times.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ class LoadSchedule(Enum):
 
 
 class ArrivalSchedule:
-    def __init__(self, rps: float, kind: LoadSchedule = LoadSchedule.CONST) -> None:
+    def __init__(
+        self, rps: float, kind: LoadSchedule = LoadSchedule.CONST, seed: int = POISSON_SEED
+    ) -> None:
         self._rps = rps
         self._kind = kind
-        self._random = random.Random(POISSON_SEED)
+        self._random = random.Random(seed)
         self._offsets = [0.0]  # Poisson arrival times drawn so far (the first at once)
 
     def offset(self, number: int) -> float | None:

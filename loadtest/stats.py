@@ -1,15 +1,20 @@
-"""ghz's summary statistics, computed the way ghz computes them (runner/reporter.go)."""
+"""ghz's summary statistics, computed the way ghz computes them (runner/reporter.go), and the
+interval of a mean over repeated runs that the benchmarks report beside them."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 PERCENTAGES = (10, 25, 50, 75, 90, 95, 99)
 HISTOGRAM_BUCKETS = 10
+Number = TypeVar("Number", int, float)
 
 
-def percentile(sorted_values: Sequence[int], percentage: int) -> int:
+def percentile(sorted_values: Sequence[Number], percentage: int) -> Number:
     """ghz's rank rule: index int(p/100 * n), one lower when that product is a whole number."""
     if not sorted_values:
         raise ValueError("sorted_values: must not be empty")
@@ -58,3 +63,25 @@ def summary(values_ns: Sequence[int]) -> dict[str, Any]:
         "slowest": ordered[-1],
         "latencyDistribution": latency_distribution(ordered),
     }
+
+
+# Two-sided 95 % quantiles of Student's t for 1..10 degrees of freedom (a table: the benchmarks need
+# these few and would not pull scipy in for them); beyond 10 the normal 1.96 is within 12 %.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+
+
+def mean_interval(values: Sequence[float]) -> Interval:
+    """The mean and its 95 % t interval over repeats (one value: the interval is the value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, mean, mean)
+    t = T_975[len(values) - 2] if len(values) - 1 <= len(T_975) else 1.96
+    half = t * statistics.stdev(values) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half)

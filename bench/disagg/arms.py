@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pdserve.cluster import Cluster, ClusterSpec, CpuPin
 
-# Lead's port range (docs/benchmarks.md): router at BASE_PORT, workers at fixed offsets.
+# This benchmark's ports (docs/benchmarks.md): router at BASE_PORT, workers at fixed offsets.
 BASE_PORT = 50100
 METRICS_BASE_PORT = 50200
 UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
@@ -45,8 +45,8 @@ def worker_pins(arm: Arm, cpus: list[int]) -> tuple[CpuPin, ...]:
 @contextlib.contextmanager
 def running_arm(
     arm: Arm, model_dir: Path, threshold: int, chunk_tokens: int, log_dir: Path | None
-) -> Iterator[str]:
-    """Starts the arm's router and pinned workers; yields the router's address."""
+) -> Iterator[Cluster]:
+    """Starts the arm's router and pinned workers; yields the ready cluster."""
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=arm.num_prefill,
@@ -60,4 +60,4 @@ def running_arm(
     )
     with Cluster(spec, None if log_dir is None else log_dir / arm.name) as cluster:
         cluster.wait_ready()
-        yield cluster.router.address
+        yield cluster

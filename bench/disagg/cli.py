@@ -9,48 +9,80 @@ every arm gets the same two worker processes' worth of CPU, one core each, one t
     disaggregated  1 prefill worker (core 0) + 1 decode worker (core 1); every prompt remote
     conditional    the same two workers; prompts shorter than --threshold are prefilled on decode
 
-Each arm serves the same Poisson arrivals (fixed seed) of the same request mix at each rate,
-streamed through the router by the load runner; the report is TTFT and ITL percentiles and the
-goodput (requests/s that met both SLOs: TTFT and mean ITL).
+Each arm's cluster starts once, is warmed up (requests of every class, not counted), then serves
+every point: each rate `--repeats` times. A point (rate, repeat) sends `rate x --duration`
+requests at Poisson arrivals, streamed through the router, drawn from a seed of its own that every
+arm shares (workload.py): no prompt repeats within a run unless the SPEC asks for shared prefixes,
+while the prefix cache stays on as users run it. The report is SLO attainment (attainment.py),
+the goodput rate, and TTFT / ITL / TPOT percentiles.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pdserve.bench.disagg import counters
 from pdserve.bench.disagg.arms import ARMS, Arm, running_arm
-from pdserve.bench.disagg.report import ArmResult, plot_results, print_table
-from pdserve.bench.disagg.workload import call_data, load_spec
-from pdserve.loadtest.config import DurationStop, LoadConfig, Method
+from pdserve.bench.disagg.attainment import goodput_rate, outcomes
+from pdserve.bench.disagg.report import ArmResult, Repeat, plot_results, print_header
+from pdserve.bench.disagg.workload import (
+    PlannedRequest,
+    RequestClass,
+    load_spec,
+    plan_requests,
+    point_seed,
+)
+from pdserve.cluster import Cluster
+from pdserve.loadtest.calls import CallResult
+from pdserve.loadtest.config import LoadConfig, Method
 from pdserve.loadtest.driver import drive
-from pdserve.loadtest.report import GoodputTargets, build_report
 from pdserve.loadtest.schedule import LoadSchedule
+
+WARMUP_PER_WORKER = 3  # requests per worker before the first point: endpoints, pages, allocator
 
 
 @dataclass(frozen=True)
 class BenchSettings:
     rates: tuple[float, ...]
     duration_s: float
-    targets: GoodputTargets
+    repeats: int
+    seed: int
+    tpot_slo_s: float
     threshold: int
     chunk_tokens: int
+
+
+@dataclass(frozen=True)
+class Point:
+    """One repeat of one rate: its requests and its arrivals' seed, the same in every arm."""
+
+    rate: float
+    repeat: int
+    plan: tuple[PlannedRequest, ...]
+    schedule_seed: int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model folder (default: embedded)")
     parser.add_argument("--workload", type=Path, default=None, help="request mix SPEC (JSON)")
-    parser.add_argument("--rates", default="0.2,0.4,0.6,0.8", help="requests/s, comma-separated")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals a rate")
+    parser.add_argument("--rates", default="0.1,0.2,0.3,0.4", help="requests/s, comma-separated")
+    parser.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of arrivals a point (rate x this)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each rate, fresh seeds")
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the run's requests")
     parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated")
     parser.add_argument("--threshold", type=int, default=512, help="conditional arm's threshold")
     parser.add_argument("--chunk", type=int, default=512, help="max tokens a step (chunking)")
-    parser.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO, seconds")
-    parser.add_argument("--slo-itl", type=float, default=0.1, help="mean ITL SLO, seconds")
+    parser.add_argument(
+        "--slo-tpot", type=float, default=0.15, help="TPOT SLO, seconds (TTFT SLOs: the SPEC)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per arm and rate")
     parser.add_argument("--plot", type=Path, default=None, help="write the PNG here")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep worker logs here")
@@ -61,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.core.model.source import resolve_model
 
     try:
-        rates = tuple(float(r) for r in args.rates.split(","))
+        settings = _settings(args)
         arms = [ARMS[name] for name in args.arms.split(",")]
         classes = load_spec(args.workload)
     except (ValueError, KeyError) as error:
@@ -69,50 +101,104 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model_dir = resolve_model(args.model)
     vocab_size = load_model_config(model_dir).vocab_size
-    settings = BenchSettings(
-        rates,
-        args.duration,
-        GoodputTargets(args.slo_ttft, args.slo_itl),
-        args.threshold,
-        args.chunk,
-    )
-    count = int(max(rates) * args.duration * 2) + 16  # more than any rate can start
-    data = call_data(classes, count, vocab_size)
+    points = plan_points(classes, settings, vocab_size)
+    warmup = plan_requests(classes, 2 * WARMUP_PER_WORKER, vocab_size, point_seed(args.seed, "w"))
+    if not args.json:
+        print_header(_slo_text(classes, settings))
     results: list[ArmResult] = []
     for arm in arms:
-        results.extend(_run_arm(arm, model_dir, data, settings, args.log_dir, args.json))
-    if not args.json:
-        print_table(results, settings.targets)
+        results.extend(_run_arm(arm, model_dir, points, warmup, settings, args))
     if args.plot is not None:
         plot_results(results, args.plot)
     return 0
 
 
+def _settings(args: argparse.Namespace) -> BenchSettings:
+    rates = tuple(float(r) for r in args.rates.split(","))
+    if min(rates) <= 0:
+        raise ValueError(f"--rates: every rate must be > 0, got {args.rates}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    return BenchSettings(
+        rates, args.duration, args.repeats, args.seed, args.slo_tpot, args.threshold, args.chunk
+    )
+
+
+def plan_points(
+    classes: tuple[RequestClass, ...], settings: BenchSettings, vocab_size: int
+) -> list[Point]:
+    """Every point of the run, in the order each arm serves them."""
+    points = []
+    for rate in settings.rates:
+        count = max(round(rate * settings.duration_s), 1)
+        for repeat in range(settings.repeats):
+            seed = point_seed(settings.seed, f"rate={rate}/repeat={repeat}")
+            plan = plan_requests(classes, count, vocab_size, seed)
+            points.append(Point(rate, repeat, plan, hash_seed(seed)))
+    return points
+
+
+def hash_seed(seed: str) -> int:
+    """An int seed for the arrival schedule, stable across processes (unlike hash())."""
+    return int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "little")
+
+
 def _run_arm(
     arm: Arm,
     model_dir: Path,
-    data: tuple[dict[str, object], ...],
+    points: list[Point],
+    warmup: tuple[PlannedRequest, ...],
     settings: BenchSettings,
-    log_dir: Path | None,
-    as_json: bool,
+    args: argparse.Namespace,
 ) -> list[ArmResult]:
-    results = []
-    with running_arm(arm, model_dir, settings.threshold, settings.chunk_tokens, log_dir) as host:
-        for rate in settings.rates:
-            config = LoadConfig(
-                method=Method.GENERATE_STREAM,
-                host=host,
-                data=data,
-                rps=rate,
-                load_schedule=LoadSchedule.POISSON,
-                duration_s=settings.duration_s,
-                duration_stop=DurationStop.WAIT,  # every started request finishes and counts
-                concurrency=len(data),  # open loop: no worker is ever the bottleneck
-                timeout_s=900.0,
-                insecure=True,
-            )
-            report = build_report(config, asyncio.run(drive(config)), settings.targets)
-            result = ArmResult.from_report(arm.name, rate, report)
-            print(json.dumps(asdict(result)) if as_json else f"  {result.line()}", flush=True)
-            results.append(result)
+    repeats: dict[float, list[Repeat]] = {}
+    log_dir = None if args.log_dir is None else args.log_dir / arm.name
+    with running_arm(arm, model_dir, settings.threshold, settings.chunk_tokens, log_dir) as cluster:
+        _send(cluster.router.address, warmup, rate=None, schedule_seed=0)
+        for point in points:
+            repeats.setdefault(point.rate, []).append(_run_point(cluster, point, settings))
+    results = [ArmResult.of(arm.name, rate, runs) for rate, runs in repeats.items()]
+    for result in results:
+        print(json.dumps(asdict(result)) if args.json else f"  {result.line()}", flush=True)
+    rate = goodput_rate([(r.rate, r.attainment) for r in results])
+    if args.json:
+        print(json.dumps({"arm": arm.name, "goodput_rate": rate}), flush=True)
+    else:
+        print(f"  {arm.name}: goodput rate {rate} req/s (attainment >= 90 % up to it)", flush=True)
     return results
+
+
+def _run_point(cluster: Cluster, point: Point, settings: BenchSettings) -> Repeat:
+    workers = cluster.prefill + cluster.decode
+    before = counters.snapshot(cluster.router, workers)
+    results = _send(cluster.router.address, point.plan, point.rate, point.schedule_seed)
+    counted = counters.snapshot(cluster.router, workers).since(before)
+    return Repeat(tuple(outcomes(point.plan, results, settings.tpot_slo_s)), counted)
+
+
+def _send(
+    host: str, plan: tuple[PlannedRequest, ...], rate: float | None, schedule_seed: int
+) -> tuple[CallResult, ...]:
+    """Streams every planned request through the router at Poisson arrivals (or all at once)
+    and waits for the last to finish."""
+    config = LoadConfig(
+        method=Method.GENERATE_STREAM,
+        host=host,
+        data=tuple(request.call_data() for request in plan),
+        total=len(plan),
+        concurrency=len(plan),  # open loop: no worker is ever the bottleneck
+        rps=rate or 0.0,
+        load_schedule=LoadSchedule.POISSON,
+        schedule_seed=schedule_seed,
+        timeout_s=900.0,
+        insecure=True,
+    )
+    return asyncio.run(drive(config)).results
+
+
+def _slo_text(classes: tuple[RequestClass, ...], settings: BenchSettings) -> str:
+    ttft = ", ".join(
+        f"{c.name} {c.ttft_slo.seconds:g} s + {c.ttft_slo.per_prompt_token * 1e3:g} ms/prompt token"
+        for c in classes
+    )
+    return f"SLOs: TTFT {ttft}; TPOT {settings.tpot_slo_s * 1e3:g} ms"

@@ -1,20 +1,38 @@
-"""Per arm and rate: the figures `pdserve bench disagg` reports, its table and its plot."""
+"""Per arm and rate: the figures `pdserve bench disagg` reports, its table and its plot.
+
+A point (arm, rate) pools the requests of its repeats for the latency percentiles (more requests,
+steadier tails) and gives attainment as the mean over repeats with a 95 % t interval. ITL figures
+are gaps between token-carrying stream chunks: a chunk that carries several tokens is one gap
+(what a client sees); TPOT (attainment.py) divides by tokens instead.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pdserve.loadtest.report import GoodputTargets
+from pdserve.bench.disagg.attainment import RequestOutcome, attainment
+from pdserve.loadtest.stats import mean_interval, percentile
 
-NS_PER_S = 1e9
+
+@dataclass(frozen=True)
+class PointCounters:
+    """What the cluster counted during one repeat of a point (deltas of its /metrics)."""
+
+    placements: Mapping[str, int]  # {"local": n, "remote": n}
+    prefix_hit_tokens: int  # prompt tokens found in a prefix cache, summed over workers
+
+
+@dataclass(frozen=True)
+class Repeat:
+    outcomes: tuple[RequestOutcome, ...]
+    counters: PointCounters
 
 
 @dataclass(frozen=True)
 class ArmResult:
-    """The `--json` object (seconds, requests/s)."""
+    """The `--json` object of one point (seconds; rates and goodput in requests/s)."""
 
     arm: str
     rate: float
@@ -22,49 +40,75 @@ class ArmResult:
     ttft_p99: float
     itl_p50: float
     itl_p99: float
-    goodput: float
+    goodput: float  # good requests per second of offered load: mean attainment x rate
     completed: int
+    attainment: float
+    attainment_ci: tuple[float, float]
+    repeats: int
+    requests: int
+    placements: dict[str, int]
+    prefix_hit_tokens: int
+    tpot_p50: float
+    tpot_p99: float
+    attainment_by_class: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_report(cls, arm: str, rate: float, report: dict[str, Any]) -> ArmResult:
-        generation = report["generation"]
-        ttft, itl = generation["timeToFirstToken"], generation["interTokenLatency"]
-        completed = report["statusCodeDistribution"].get("OK", 0)
+    def of(cls, arm: str, rate: float, repeats: Sequence[Repeat]) -> ArmResult:
+        pooled = [o for repeat in repeats for o in repeat.outcomes]
+        interval = mean_interval([attainment(repeat.outcomes) for repeat in repeats])
+        ttfts = sorted(o.ttft_s for o in pooled if o.ttft_s is not None)
+        gaps = sorted(gap for o in pooled for gap in o.itl_gaps_s)
+        tpots = sorted(o.tpot_s for o in pooled if o.tpot_s is not None)
+        placements: dict[str, int] = {"local": 0, "remote": 0}
+        for repeat in repeats:
+            for place, count in repeat.counters.placements.items():
+                placements[place] = placements.get(place, 0) + count
+        classes = sorted({o.class_name for o in pooled})
         return cls(
             arm=arm,
             rate=rate,
-            ttft_p50=_percentile(ttft, 50),
-            ttft_p99=_percentile(ttft, 99),
-            itl_p50=_percentile(itl, 50),
-            itl_p99=_percentile(itl, 99),
-            goodput=generation["goodput"]["rps"],
-            completed=completed,
+            ttft_p50=_percentile(ttfts, 50),
+            ttft_p99=_percentile(ttfts, 99),
+            itl_p50=_percentile(gaps, 50),
+            itl_p99=_percentile(gaps, 99),
+            goodput=interval.mean * rate,
+            completed=sum(o.completed for o in pooled),
+            attainment=interval.mean,
+            attainment_ci=(interval.low, interval.high),
+            repeats=len(repeats),
+            requests=len(pooled),
+            placements=placements,
+            prefix_hit_tokens=sum(repeat.counters.prefix_hit_tokens for repeat in repeats),
+            tpot_p50=_percentile(tpots, 50),
+            tpot_p99=_percentile(tpots, 99),
+            attainment_by_class={
+                name: attainment([o for o in pooled if o.class_name == name]) for name in classes
+            },
         )
 
     def line(self) -> str:
+        low, high = self.attainment_ci
         return (
             f"{self.arm:<14} {self.rate:>5.2f} {self.ttft_p50:>8.2f} {self.ttft_p99:>8.2f} "
-            f"{self.itl_p50 * 1e3:>8.0f} {self.itl_p99 * 1e3:>8.0f} {self.goodput:>8.3f} "
-            f"{self.completed:>5}"
+            f"{self.itl_p50 * 1e3:>7.0f} {self.itl_p99 * 1e3:>7.0f} {self.tpot_p50 * 1e3:>7.0f} "
+            f"{self.attainment:>6.2f} [{low:>5.2f},{high:>5.2f}] {self.goodput:>7.3f} "
+            f"{self.completed:>4}/{self.requests:<4} {self.placements['local']:>5}"
+            f"/{self.placements['remote']:<5} {self.prefix_hit_tokens:>7}"
         )
 
 
-def _percentile(summary: dict[str, Any], percentage: int) -> float:
-    for mark in summary["latencyDistribution"]:
-        if mark["percentage"] == percentage:
-            return float(mark["latency"]) / NS_PER_S
-    return float("nan")  # no request got that far (nothing completed)
+def _percentile(sorted_values: Sequence[float], percentage: int) -> float:
+    return percentile(sorted_values, percentage) if sorted_values else float("nan")
 
 
-def print_table(results: Sequence[ArmResult], targets: GoodputTargets) -> None:
-    print(f"goodput SLOs: TTFT <= {targets.ttft_s} s and mean ITL <= {targets.itl_s} s")
+def print_header(slo_text: str) -> None:
+    print(slo_text)
     print(
-        f"{'arm':<14} {'rate':>5} {'TTFT p50':>8} {'TTFT p99':>8} {'ITL p50':>8} {'ITL p99':>8} "
-        f"{'goodput':>8} {'done':>5}"
+        f"{'arm':<14} {'rate':>5} {'TTFT p50':>8} {'TTFT p99':>8} {'ITL p50':>7} {'ITL p99':>7} "
+        f"{'TPOT50':>7} {'attain':>6} {'95% interval':>13} {'goodput':>7} {'done/req':>9} "
+        f"{'local/remote':>11} {'hit tok':>7}"
     )
-    print(f"{'':<14} {'req/s':>5} {'s':>8} {'s':>8} {'ms':>8} {'ms':>8} {'req/s':>8}")
-    for result in results:
-        print(result.line())
+    print(f"{'':<14} {'req/s':>5} {'s':>8} {'s':>8} {'ms':>7} {'ms':>7} {'ms':>7}")
 
 
 def plot_results(results: Sequence[ArmResult], path: Path) -> None:
@@ -73,15 +117,24 @@ def plot_results(results: Sequence[ArmResult], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (itl_axes, ttft_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    figure, (attain_axes, itl_axes, ttft_axes) = plt.subplots(1, 3, figsize=(14, 4))
     for arm in dict.fromkeys(result.arm for result in results):
         points = [r for r in results if r.arm == arm]
         rates = [r.rate for r in points]
+        errors = [
+            [r.attainment - r.attainment_ci[0] for r in points],
+            [r.attainment_ci[1] - r.attainment for r in points],
+        ]
+        attain_axes.errorbar(
+            rates, [r.attainment for r in points], yerr=errors, marker="o", capsize=3, label=arm
+        )
         itl_axes.plot(rates, [r.itl_p99 * 1e3 for r in points], marker="o", label=arm)
         ttft_axes.plot(rates, [r.ttft_p99 for r in points], marker="o", label=arm)
+    attain_axes.axhline(0.9, color="grey", linestyle=":", linewidth=1)
+    attain_axes.set(xlabel="request rate (req/s)", ylabel="SLO attainment", title="attainment")
     itl_axes.set(xlabel="request rate (req/s)", ylabel="ITL p99 (ms)", title="inter-token latency")
     ttft_axes.set(xlabel="request rate (req/s)", ylabel="TTFT p99 (s)", title="time to first token")
-    for axes in (itl_axes, ttft_axes):
+    for axes in (attain_axes, itl_axes, ttft_axes):
         axes.grid(alpha=0.3)
         axes.legend()
     figure.tight_layout()

@@ -1,0 +1,59 @@
+"""What the cluster counted while a point ran: snapshots of the processes' /metrics, and deltas.
+
+Placements come from the router's `pdserve_router_prefill_placements_total{place,reason}`;
+prefix-cache hits from each worker's `pdserve_{prefill,decode}_prefix_cache_hit_tokens` (summed
+over workers: in a split arm a shared prefix may count on both tiers, once as prompt tokens
+prefill did not compute and once as KV decode did not receive).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from pdserve.bench.disagg.report import PointCounters
+from pdserve.cluster import Process
+
+PLACEMENTS = "pdserve_router_prefill_placements"
+HIT_TOKENS = ("pdserve_prefill_prefix_cache_hit_tokens", "pdserve_decode_prefix_cache_hit_tokens")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    placements: dict[str, float]
+    prefix_hit_tokens: float
+
+    def since(self, earlier: Snapshot) -> PointCounters:
+        return PointCounters(
+            placements={
+                place: round(count - earlier.placements.get(place, 0.0))
+                for place, count in self.placements.items()
+            },
+            prefix_hit_tokens=round(self.prefix_hit_tokens - earlier.prefix_hit_tokens),
+        )
+
+
+def snapshot(router: Process, workers: Sequence[Process]) -> Snapshot:
+    placements: dict[str, float] = {"local": 0.0, "remote": 0.0}
+    for sample in _samples(router):
+        if sample.name == f"{PLACEMENTS}_total":
+            place = sample.labels["place"]
+            placements[place] = placements.get(place, 0.0) + sample.value
+    hits = sum(
+        sample.value
+        for worker in workers
+        for sample in _samples(worker)
+        if sample.name in HIT_TOKENS
+    )
+    return Snapshot(placements, hits)
+
+
+def _samples(process: Process) -> list[Sample]:
+    url = f"http://127.0.0.1:{process.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]

@@ -1,0 +1,199 @@
+"""`pdserve bench disagg`'s request plan, SLO attainment and report, without a cluster."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from pdserve.bench.disagg.attainment import (
+    RequestOutcome,
+    goodput_rate,
+    outcome,
+    outcomes,
+)
+from pdserve.bench.disagg.cli import BenchSettings, plan_points
+from pdserve.bench.disagg.report import ArmResult, PointCounters, Repeat
+from pdserve.bench.disagg.workload import (
+    DEFAULT_SPEC,
+    PlannedRequest,
+    parse_spec,
+    plan_requests,
+    point_seed,
+)
+from pdserve.loadtest.calls import CallResult
+from pdserve.loadtest.stats import mean_interval
+
+VOCAB = 49152
+BLOCK = 16
+
+
+def _settings(**overrides: Any) -> BenchSettings:
+    values: dict[str, Any] = {
+        "rates": (0.1, 0.2, 0.3, 0.4),
+        "duration_s": 60.0,
+        "repeats": 3,
+        "seed": 0,
+        "tpot_slo_s": 0.15,
+        "threshold": 512,
+        "chunk_tokens": 512,
+    }
+    values.update(overrides)
+    return BenchSettings(**values)
+
+
+def test_no_prompt_repeats_within_a_run_nor_shares_a_block() -> None:
+    points = plan_points(parse_spec(DEFAULT_SPEC), _settings(), VOCAB)
+    assert len(points) == 4 * 3
+    prompts = [request.prompt for point in points for request in point.plan]
+    assert len(prompts) == sum(round(rate * 60) for rate in (0.1, 0.2, 0.3, 0.4)) * 3
+    first_blocks = {prompt[:BLOCK] for prompt in prompts}
+    assert len(first_blocks) == len(prompts)  # nothing for the prefix cache to find
+    assert len({point.schedule_seed for point in points}) == len(points)  # fresh arrivals too
+
+
+def test_every_arm_gets_the_same_points() -> None:
+    classes = parse_spec(DEFAULT_SPEC)
+    assert plan_points(classes, _settings(), VOCAB) == plan_points(classes, _settings(), VOCAB)
+    other_seed = plan_points(classes, _settings(seed=1), VOCAB)
+    assert other_seed[0].plan != plan_points(classes, _settings(), VOCAB)[0].plan
+
+
+def test_a_shared_prefix_is_shared_within_a_point_and_fresh_across_points() -> None:
+    spec = {
+        "classes": [
+            {
+                "name": "rag",
+                "prompt_tokens": {"min": 100, "max": 120},
+                "output_tokens": {"min": 4, "max": 4},
+                "ttft_slo": {"seconds": 1.0},
+                "shared_prefix": {"groups": 2, "tokens": 64},
+            }
+        ]
+    }
+    classes = parse_spec(spec)
+    first = plan_requests(classes, 20, VOCAB, point_seed(0, "a"))
+    second = plan_requests(classes, 20, VOCAB, point_seed(0, "b"))
+    prefixes_first = {r.prompt[:64] for r in first}
+    assert len(prefixes_first) == 2  # both groups drawn, each shared by several requests
+    assert len({r.prompt[64:] for r in first}) == 20  # the rest of each prompt is its own
+    assert prefixes_first.isdisjoint({r.prompt[:64] for r in second})
+
+
+def test_ttft_slo_grows_with_the_prompt_where_the_class_says_so() -> None:
+    classes = parse_spec(DEFAULT_SPEC)
+    for request in plan_requests(classes, 50, VOCAB, point_seed(0, "slo")):
+        if request.class_name == "long":
+            assert request.ttft_slo_s == pytest.approx(2.0 + 0.005 * len(request.prompt))
+        else:
+            assert request.ttft_slo_s == 2.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"classes": []}, "classes"),
+        ({"classes": [{"prompt_tokens": {"min": 1, "max": 2}}]}, "classes[0].output_tokens"),
+        (
+            {
+                "classes": [
+                    {
+                        "prompt_tokens": {"min": 1, "max": 2},
+                        "output_tokens": {"min": 1, "max": 2},
+                        "ttft_slo": {"seconds": -1},
+                    }
+                ]
+            },
+            "classes[0].ttft_slo.seconds",
+        ),
+        (
+            {
+                "classes": [
+                    {
+                        "prompt_tokens": {"min": 10, "max": 20},
+                        "output_tokens": {"min": 1, "max": 2},
+                        "ttft_slo": {"seconds": 1},
+                        "shared_prefix": {"groups": 1, "tokens": 10},
+                    }
+                ]
+            },
+            "classes[0].shared_prefix.tokens",
+        ),
+    ],
+)
+def test_a_bad_spec_names_the_field(raw: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        parse_spec(raw)
+
+
+def _planned(ttft_slo_s: float = 1.0) -> PlannedRequest:
+    return PlannedRequest("chat", (100, 101), 5, ttft_slo_s)
+
+
+def _result(first_s: float, gaps_s: tuple[float, ...], tokens: int, number: int = 0) -> CallResult:
+    return CallResult(
+        started_at=0.0,
+        latency_ns=1,
+        status="OK",
+        output_tokens=tokens,
+        first_token_ns=int(first_s * 1e9),
+        token_gaps_ns=tuple(int(g * 1e9) for g in gaps_s),
+        request_number=number,
+    )
+
+
+def test_tpot_divides_by_tokens_so_a_chunk_of_several_counts_for_each() -> None:
+    # 5 tokens in 3 chunks (1, 2, 2): 4 tokens after the first over 0.4 s -> TPOT 0.1 s.
+    fast = outcome(_planned(), _result(0.5, (0.2, 0.2), tokens=5), tpot_slo_s=0.1)
+    assert fast.tpot_s == pytest.approx(0.1)
+    assert fast.meets_slo
+    assert not outcome(_planned(), _result(0.5, (0.2, 0.2), 5), tpot_slo_s=0.09).meets_slo
+    assert not outcome(_planned(0.4), _result(0.5, (0.2, 0.2), 5), tpot_slo_s=1).meets_slo
+
+
+def test_a_failed_request_misses_and_every_planned_request_is_accounted() -> None:
+    failed = CallResult(0.0, 1, "Unavailable", "rpc error", request_number=1)
+    found = outcomes([_planned(), _planned()], [_result(0.1, (), 1, number=0), failed], 1.0)
+    assert [o.meets_slo for o in found] == [True, False]
+    with pytest.raises(ValueError):
+        outcomes([_planned(), _planned()], [_result(0.1, (), 1, number=0)], 1.0)
+
+
+def test_goodput_rate_is_the_last_rate_before_the_first_miss() -> None:
+    assert goodput_rate([(0.1, 1.0), (0.2, 0.95), (0.3, 0.5), (0.4, 0.92)]) == 0.2
+    assert goodput_rate([(0.1, 0.8), (0.2, 1.0)]) == 0.0
+    assert goodput_rate([(0.2, 0.9), (0.1, 1.0)]) == 0.2
+
+
+def test_the_interval_is_students_t_over_repeats() -> None:
+    interval = mean_interval([0.8, 0.9, 1.0])
+    assert interval.mean == pytest.approx(0.9)
+    assert interval.high - interval.mean == pytest.approx(4.303 * 0.1 / 3**0.5, rel=1e-3)
+    assert mean_interval([0.7]).low == 0.7
+
+
+def test_a_point_pools_its_repeats() -> None:
+    def repeat(meets: list[bool], hits: int) -> Repeat:
+        made = [
+            RequestOutcome("chat", True, 0.1 * (i + 1), 0.05, (0.05,), ok)
+            for i, ok in enumerate(meets)
+        ]
+        return Repeat(tuple(made), PointCounters({"local": 0, "remote": len(meets)}, hits))
+
+    row = ArmResult.of("disaggregated", 0.5, [repeat([True, True], 0), repeat([True, False], 32)])
+    assert (row.repeats, row.requests, row.completed) == (2, 4, 4)
+    assert row.attainment == pytest.approx(0.75)
+    assert row.goodput == pytest.approx(0.375)
+    assert row.placements == {"local": 0, "remote": 4}
+    assert row.prefix_hit_tokens == 32
+    assert row.attainment_by_class == {"chat": 0.75}
+    low, high = row.attainment_ci
+    assert low < 0.75 < high
+
+
+def test_a_point_holds_rate_times_duration_requests() -> None:
+    points = plan_points(parse_spec(DEFAULT_SPEC), _settings(repeats=1), VOCAB)
+    sizes = [len(point.plan) for point in points]
+    assert sizes == [6, 12, 18, 24]
+    assert all(a != b for a, b in itertools.pairwise(point.plan for point in points))
