@@ -1,14 +1,23 @@
 """`pdserve plan --profile FILE --workload SPEC --rate R --slo-ttft-p90 S --slo-itl-p99 S
---out values.yaml`: the cheapest deployment that meets the SLOs, as Helm values for helm/pdserve."""
+--out values.yaml`: the cheapest deployment that meets the SLOs, as Helm values for helm/pdserve.
+
+`--verify` then runs the chosen deployment on this machine at the planned rate and prints what
+was predicted beside what happened (planner/verify.py); `--json` prints that (or, without
+`--verify`, the plan) as one JSON object instead of the table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
 
+from pdserve.core.model.source import resolve_model
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
 from pdserve.planner.helm_values import helm_values
 from pdserve.planner.plan import (
@@ -20,6 +29,7 @@ from pdserve.planner.plan import (
     search,
 )
 from pdserve.planner.profile import ProfileError, load_profile
+from pdserve.planner.verify import verify
 from pdserve.planner.workload import (
     PoissonSpec,
     TraceRequest,
@@ -39,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="Helm values file to write")
     parser.add_argument("--peak-rate", type=float, help="rate the HPAs' maxReplicas cover (2x)")
     parser.add_argument("--max-workers", type=int, default=16, help="largest total to try")
+    parser.add_argument("--verify", action="store_true", help="run the plan here and compare")
+    parser.add_argument("--json", action="store_true", help="one JSON object, no table")
+    parser.add_argument("--model", help="model folder for --verify's workers (default: SmolLM2)")
+    parser.add_argument("--log-dir", type=Path, help="keep --verify's worker logs here")
     add_engine_arguments(parser)
 
 
@@ -52,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     slo = Slo(args.slo_ttft_p90, args.slo_itl_p99)
     space = SearchSpace(max_workers=args.max_workers)
-    print(TABLE_HEADER, flush=True)
-    result = search(profile, requests, slo, engine_config_from_args(args), space, _print_row)
+    if not args.json:
+        print(TABLE_HEADER, flush=True)
+    progress = (lambda candidate: None) if args.json else _print_row
+    result = search(profile, requests, slo, engine_config_from_args(args), space, progress)
     if result.best is None:
         print(f"pdserve plan: no deployment of up to {args.max_workers} workers meets the SLOs")
         return 1
@@ -64,8 +80,26 @@ def run(args: argparse.Namespace) -> int:
         f"{args.slo_ttft_p90} s, ITL p99 <= {args.slo_itl_p99} s (profile {args.profile.name})\n"
     )
     args.out.write_text(header + yaml.safe_dump(values, sort_keys=False))
-    print(f"plan: {format_row(result.best)}\nwrote {args.out}")
+    if args.verify:
+        log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-plan-verify-"))
+        model_dir = resolve_model(args.model)
+        checked = verify(result.best, profile, requests, args.rate, slo, model_dir, log_dir)
+        print(json.dumps(checked) if args.json else f"verify: {checked}", flush=True)
+    elif args.json:
+        print(json.dumps(_plan_json(result.best, args.out)))
+    if not args.json:
+        print(f"plan: {format_row(result.best)}\nwrote {args.out}")
     return 0
+
+
+def _plan_json(best: Candidate, out: Path) -> dict[str, object]:
+    return {
+        "plan": best.deployment.name,
+        "ttft_p90": best.ttft_p90,
+        "itl_p99": best.itl_p99,
+        "meets_slo_predicted": best.meets,
+        "values": str(out),
+    }
 
 
 def _print_row(candidate: Candidate) -> None:
@@ -78,6 +112,11 @@ def _check_positive(args: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')}: must be > 0")
     if args.peak_rate is not None and args.peak_rate < args.rate:
         raise ValueError("--peak-rate: must be >= --rate")
+    if args.verify and args.max_workers > len(os.sched_getaffinity(0)):
+        cores = len(os.sched_getaffinity(0))
+        raise ValueError(
+            f"--max-workers: --verify runs one worker a core; this machine has {cores}"
+        )
 
 
 def at_rate(workload: Workload, rate: float) -> list[TraceRequest]:

@@ -22,6 +22,13 @@ GPU, where the host thread's CPU time says nothing about the kernels, the fit is
 
 Block copies are priced per block: swap (device <-> CPU pool, on the engine thread) and KV
 transfer (gather into the staging buffer on prefill's thread, the wire, scatter on decode).
+
+A serving worker pays more per step than the offline `engine.step()` the model is fitted on: each
+token goes through a sink into the asyncio loop and a gRPC stream on the same core, each request
+through Reserve / Prefill / Generate calls and the router. `ServingCosts` holds those, measured
+in a separate run through real workers (`pdserve profile --serving`, serving_calibration.py): a
+cost per step and per streamed token added to every step, and a dispatch latency added to every
+request's way in. Without that run they are zero.
 """
 
 from __future__ import annotations
@@ -97,6 +104,19 @@ class BlockCosts:
 
 
 @dataclass(frozen=True)
+class ServingCosts:
+    """What serving adds to the offline step model (zeros: not calibrated)."""
+
+    per_step_s: float = 0.0  # the loop turn around a step: polls, deltas handed to asyncio
+    per_token_s: float = 0.0  # one streamed token: sink, gRPC message, router relay
+    dispatch_s: float = 0.0  # router -> worker calls before a request can be scheduled
+    calibration: Mapping[str, Any] = field(default_factory=dict)  # how they were measured
+
+    def step_overhead(self, shape: StepShape) -> float:
+        return self.per_step_s + self.per_token_s * shape.decode_seqs
+
+
+@dataclass(frozen=True)
 class CostModel:
     coefficients: tuple[float, ...]  # one per FEATURES entry, seconds per unit
 
@@ -112,11 +132,17 @@ class Profile:
     environment: Mapping[str, str] = field(default_factory=dict)  # device, dtype, model, torch
     samples: tuple[StepSample, ...] = ()
     contention: float = 1.0  # median wall / CPU time of the profiled steps (CPU fits only)
+    serving: ServingCosts = field(default_factory=ServingCosts)
     version: int = PROFILE_VERSION
 
+    def offline_step_seconds(self, shape: StepShape) -> float:
+        """What `engine.step()` alone takes (the fitted model, at the profile's contention)."""
+        return self.model.step_seconds(shape) * self.contention
+
     def step_seconds(self, shape: StepShape, swapped_blocks: int = 0) -> float:
-        compute = self.model.step_seconds(shape) * self.contention
-        return compute + swapped_blocks * self.blocks.swap_s
+        """A serving worker's step: the offline step, its swaps, and what serving adds."""
+        swaps = swapped_blocks * self.blocks.swap_s
+        return self.offline_step_seconds(shape) + swaps + self.serving.step_overhead(shape)
 
     def save(self, path: Path) -> None:
         document = {
@@ -131,6 +157,7 @@ class Profile:
                 "r2_wall": fit_r2(self, self.samples),
             },
             "blocks": asdict(self.blocks),
+            "serving": asdict(self.serving),
             "samples": [
                 {
                     "scenario": s.scenario,
@@ -176,7 +203,7 @@ def fit_r2(profile: Profile, samples: Sequence[StepSample]) -> float | None:
     if len(samples) < 2:
         return None
     y = np.array([s.seconds for s in samples])
-    predicted = np.array([profile.step_seconds(s.shape) for s in samples])
+    predicted = np.array([profile.offline_step_seconds(s.shape) for s in samples])
     total = float(((y - y.mean()) ** 2).sum())
     return None if total == 0 else 1.0 - float(((y - predicted) ** 2).sum()) / total
 
@@ -213,6 +240,9 @@ def parse_profile(document: Any) -> Profile:
         )
         contention = float(fitted.get("contention", 1.0))
         block_size = int(document["block_size"])
-        return Profile(model, blocks, block_size, document["environment"], samples, contention)
+        serving = ServingCosts(**document.get("serving", {}))
+        return Profile(
+            model, blocks, block_size, document["environment"], samples, contention, serving
+        )
     except (KeyError, TypeError) as error:
         raise ProfileError(f"profile: missing or malformed field {error}") from error

@@ -1,15 +1,24 @@
-"""`pdserve profile --out FILE [--model PATH]`: measure this engine, fit its cost model."""
+"""`pdserve profile --out FILE [--model PATH] [--serving]`: measure this engine, fit its cost
+model; with `--serving`, also measure what serving adds per step and token through real workers
+(planner/serving_calibration.py). `--from PROFILE` keeps an existing offline fit and only adds
+the serving costs."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.model.source import resolve_model
 from pdserve.planner.measure import measure, pin_to
-from pdserve.planner.profile import FEATURES, fit_r2
+from pdserve.planner.profile import FEATURES, Profile, fit_r2, load_profile
+from pdserve.planner.serving_calibration import calibrate
+
+ALL_CPUS = frozenset(os.sched_getaffinity(0))  # before the offline profile pins this process
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,19 +28,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="model and KV dtype")
     parser.add_argument("--cpu", type=int, default=0, help="core to pin to (cpu device only)")
     parser.add_argument("--repeats", type=int, default=2, help="times each scenario runs")
+    parser.add_argument(
+        "--serving", action="store_true", help="also calibrate serving costs (real 1P1D on 2 cores)"
+    )
+    parser.add_argument("--from", dest="base", type=Path, help="offline profile to start from")
+    parser.add_argument("--log-dir", type=Path, help="keep the serving run's worker logs here")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print("pdserve profile: --repeats: must be >= 1", file=sys.stderr)
         return 2
+    model_dir = resolve_model(args.model)
+    profile = load_profile(args.base) if args.base else _measure_offline(args, model_dir)
+    if args.serving:
+        log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-serving-"))
+        serving = calibrate(model_dir, profile, EngineConfig(), log_dir)
+        profile = replace(profile, serving=serving)
+        print(
+            f"serving: per step {serving.per_step_s * 1e3:.2f} ms, per streamed token "
+            f"{serving.per_token_s * 1e3:.2f} ms, dispatch {serving.dispatch_s * 1e3:.1f} ms"
+        )
+    profile.save(args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _measure_offline(args: argparse.Namespace, model_dir: Path) -> Profile:
     if args.device == "cpu":
         pin_to(args.cpu)
     config = EngineConfig(
         num_kv_blocks=1024, num_swap_blocks=64, dtype=args.dtype, device=args.device
     )
-    profile = measure(resolve_model(args.model), config, args.repeats)
-    profile.save(args.out)
+    profile = measure(model_dir, config, args.repeats)
     terms = ", ".join(
         f"{name} {value * 1e3:.4g} ms"
         for name, value in zip(FEATURES, profile.model.coefficients, strict=True)
@@ -41,5 +70,6 @@ def run(args: argparse.Namespace) -> int:
         f"{len(profile.samples)} steps measured; fitted per unit: {terms}; "
         f"wall/CPU {profile.contention:.2f}; R^2 against wall times {r2:.3f}"
     )
-    print(f"wrote {args.out}")
-    return 0
+    if args.device == "cpu":
+        os.sched_setaffinity(0, ALL_CPUS)  # the serving run pins its own workers
+    return profile

@@ -42,10 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     validate = parser.add_argument_group("validation (runs the real router + workers here)")
     validate.add_argument("--validate", action="store_true", help="compare with real runs")
     validate.add_argument("--model", help="model folder for the real workers (default: SmolLM2)")
-    validate.add_argument("--rates", help="three request rates, e.g. 0.2,0.4,0.6 (default: SPEC's)")
-    validate.add_argument("--configs", default="1P1D,1P2D", help="real configurations to run")
-    validate.add_argument("--traffic-s", type=float, default=60.0, help="seconds of load per run")
-    validate.add_argument("--out-dir", type=Path, help="keep load reports and worker logs here")
+    validate.add_argument("--rates", help="requests/s, comma-separated (default: 1,2,3)")
+    validate.add_argument("--configs", default="1P1D,1P2D,2P1D", help="real configurations to run")
+    validate.add_argument("--traffic-s", type=float, default=30.0, help="seconds of load per run")
+    validate.add_argument("--repeats", type=int, default=3, help="runs per rate, fresh prompts")
+    validate.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT SLO (attainment), s")
+    validate.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO (attainment), s")
+    validate.add_argument("--out-dir", type=Path, help="keep worker logs here")
     add_engine_arguments(parser)
 
 
@@ -64,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         from pdserve.planner.validate_cli import run_validation
 
-        return run_validation(args, profile, workload, engine)
+        try:
+            return run_validation(args, profile, workload, engine)
+        except ValueError as error:
+            print(f"pdserve simulate: {error}", file=sys.stderr)
+            return 2
     return _simulate(args, profile, workload, deployment)
 
 

@@ -1,82 +1,191 @@
-"""`pdserve simulate --validate`: the simulator against the real cluster, on this machine.
+"""`pdserve simulate --validate`: the simulator's a-priori predictions against the real cluster.
 
 For each configuration (`1P1D`: prefill pinned to core 0, decode to core 1; `1P2D`: both decode
-workers share core 1; `2P1D`: both prefill workers share core 0) it starts the real router and
-workers (`pdserve/cluster.py`), warms them up, and at each rate drives `pdserve loadtest` with the
-workload's requests as GenerateStream calls started at i / rate (the load runner's constant
-schedule, so the rates are whole numbers, as ghz's `rps` is); then it simulates the same trace
-with the profile and prints, per configuration, rate and metric, the real and simulated values
-and error = |sim - real| / real.
+workers share core 1; `2P1D`: both prefill workers share core 0; planner/real_runs.py) it starts
+the real router and workers, warms them up, and at each rate, `--repeats` times, streams a trace
+through the router: the workload's lengths (a Poisson SPEC's drawn afresh each repeat), request i
+at i / rate, prompts from a seed of that rate and repeat (no prompt replays another's). The same
+trace is then simulated.
 
-Two simulations per point. `sim` is given the core share each worker's engine thread actually got
-during the run (`cpu_share`, from schedstat: on this shared machine, how much CPU other processes
-left is an input of the run, not something the simulator can predict) and the profile's CPU-time
-model unscaled. `sim_profiled` uses only what is known beforehand: the profile's wall/CPU ratio
-and an even split of a core among the workers pinned to it.
+The simulation knows only what was known before the run: the profile (its offline step model and
+the serving costs `pdserve profile --serving` measured in a run of its own) and an even split of a
+core among the workers pinned to it. Nothing measured during the run feeds it.
+
+Per configuration, rate and metric one line: the real and simulated means over the repeats,
+error = |sim - real| / real (for `attainment`: |sim - real|, a difference of shares), and the
+95 % t interval of the real value. Then the verdict against the targets: median |error| <= 10 %
+and every |error| <= 25 % over TTFT p50/p90 and ITL p50/p90.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
-import re
-import subprocess
-import sys
+import statistics
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pdserve.cluster import Cluster, ClusterSpec, CpuPin
 from pdserve.core.config import EngineConfig
 from pdserve.core.model.source import resolve_model
-from pdserve.planner import cpu_share
+from pdserve.loadtest.stats import mean_interval
+from pdserve.planner.fidelity import (
+    LATENCY_METRICS,
+    METRICS,
+    RequestSlo,
+    a_priori_deployment,
+    figures,
+    simulate_seen,
+)
 from pdserve.planner.profile import Profile
-from pdserve.planner.sim_cluster import ClusterSim, Deployment
-from pdserve.planner.sim_report import summarize
+from pdserve.planner.real_runs import Arrivals, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import PoissonSpec, TraceRequest, Workload, requests_of
 
-METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "throughput")
-BASE_PORT, METRICS_PORT = 53000, 53500  # clear of `pdserve up`'s 50051 / 9100
-FIRST_ID, VOCAB = 100, 49152  # random prompt ids: SmolLM2's vocabulary without its special ids
+CONFIGS = {"1P1D": (1, 1), "1P2D": (1, 2), "2P1D": (2, 1)}
+TARGET_MEDIAN, TARGET_MAX = 0.10, 0.25
+
+
+@dataclass(frozen=True)
+class Point:
+    config: str
+    rate: float
+    real: tuple[dict[str, float], ...]  # one per repeat
+    sim: tuple[dict[str, float], ...]
+    loadavg: str
 
 
 def run_validation(
     args: argparse.Namespace, profile: Profile, workload: Workload, engine: EngineConfig
 ) -> int:
-    rates = _rates(args.rates, workload)
-    configs = [_parse_config(name) for name in args.configs.split(",")]
+    rates = [float(part) for part in args.rates.split(",")] if args.rates else [1.0, 2.0, 3.0]
+    configs = [name.strip() for name in args.configs.split(",")]
+    unknown = [name for name in configs if name not in CONFIGS]
+    if unknown or min(rates) <= 0 or args.repeats < 1:
+        raise ValueError(
+            f"--configs: each of {sorted(CONFIGS)}, --rates > 0, --repeats >= 1 "
+            f"(got {args.configs!r}, {args.rates!r}, {args.repeats})"
+        )
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="pdserve-validate-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    traces = {rate: validation_trace(workload, rate, args.traffic_s) for rate in rates}
+    slo = RequestSlo(args.slo_ttft, args.slo_tpot)
     lines: list[dict[str, Any]] = []
-    for num_prefill, num_decode in configs:
-        name = f"{num_prefill}P{num_decode}D"
-        real = run_real(resolve_model(args.model), num_prefill, num_decode, engine, traces, out_dir)
-        for rate, trace in traces.items():
-            run = real[rate]
-            shares = (run["prefill_share"], run["decode_share"])
-            sim = simulated(replace(profile, contention=1.0), num_prefill, num_decode, engine,
-                            trace, shares)  # fmt: skip
-            even = (1.0 / num_prefill, 1.0 / num_decode)
-            profiled = simulated(profile, num_prefill, num_decode, engine, trace, even)
-            for metric in METRICS:
-                line = {"config": name, "rate": rate, "metric": metric, "real": run[metric],
-                        "sim": sim[metric], "error": _error(sim[metric], run[metric]),
-                        "sim_profiled": profiled[metric],
-                        "error_profiled": _error(profiled[metric], run[metric]),
-                        "prefill_share": shares[0], "decode_share": shares[1],
-                        "loadavg": run["loadavg"]}  # fmt: skip
+    for name in configs:
+        for point in _validate_config(name, rates, args, profile, workload, engine, slo, out_dir):
+            for line in point_lines(point):
                 print(json.dumps(line) if args.json else _text(line), flush=True)
                 lines.append(line)
+    verdict = summary(lines)
+    print(json.dumps(verdict) if args.json else _verdict_text(verdict), flush=True)
     if args.plot:
         plot_fidelity(lines, args.plot)
     return 0
 
 
+def _validate_config(
+    name: str,
+    rates: list[float],
+    args: argparse.Namespace,
+    profile: Profile,
+    workload: Workload,
+    engine: EngineConfig,
+    slo: RequestSlo,
+    out_dir: Path,
+) -> list[Point]:
+    num_prefill, num_decode = CONFIGS[name]
+    deployment = a_priori_deployment(
+        num_prefill, num_decode, engine, args.disagg_threshold, args.max_prefill_queue
+    )
+    router_args: tuple[str, ...] = ("--disagg-threshold", str(args.disagg_threshold))
+    router_args += ("--max-prefill-queue", str(args.max_prefill_queue))
+    model_dir = resolve_model(args.model)
+    points = []
+    log_dir = out_dir / f"{name}-logs"
+    with running_cluster(num_prefill, num_decode, model_dir, engine, router_args, log_dir) as c:
+        warm_up(c)
+        for rate in rates:
+            loadavg = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+            real, sim = [], []
+            for repeat in range(args.repeats):
+                trace = validation_trace(workload, rate, args.traffic_s, repeat)
+                seen = run_trace(c, trace, Arrivals(rate), seed=f"validate/{rate}/{repeat}")
+                real.append(figures(seen, slo))
+                sim.append(figures(simulate_seen(deployment, profile, trace), slo))
+            points.append(Point(name, rate, tuple(real), tuple(sim), loadavg))
+    return points
+
+
+def validation_trace(
+    workload: Workload, rate: float, traffic_s: float, repeat: int
+) -> list[TraceRequest]:
+    """`rate x traffic_s` requests at i / rate with the workload's lengths (a Poisson SPEC's drawn
+    with its seed + repeat, so every repeat has lengths of its own)."""
+    if isinstance(workload, PoissonSpec):
+        workload = replace(workload, seed=workload.seed + repeat)
+    lengths = requests_of(workload)
+    count = max(int(rate * traffic_s), 1)
+    return [replace(lengths[(i + repeat) % len(lengths)], arrival_s=i / rate) for i in range(count)]
+
+
+def point_lines(point: Point) -> list[dict[str, Any]]:
+    lines = []
+    for metric in METRICS:
+        real_values = [run[metric] for run in point.real]
+        real = mean_interval(real_values)
+        sim = statistics.fmean(run[metric] for run in point.sim)
+        error = abs(sim - real.mean) if metric == "attainment" else _relative(sim, real.mean)
+        lines.append(
+            {
+                "config": point.config,
+                "rate": point.rate,
+                "metric": metric,
+                "real": real.mean,
+                "sim": sim,
+                "error": error,
+                "real_ci": [real.low, real.high],
+                "repeats": len(point.real),
+                "loadavg": point.loadavg,
+            }
+        )
+    return lines
+
+
+def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = [line["error"] for line in lines if line["metric"] in LATENCY_METRICS]
+    median = statistics.median(errors) if errors else float("nan")
+    worst = max(errors, default=float("nan"))
+    return {
+        "latency_errors": len(errors),
+        "median_error": median,
+        "max_error": worst,
+        "meets_target": median <= TARGET_MEDIAN and worst <= TARGET_MAX,
+        "within_9_percent": sum(error <= 0.09 for error in errors),
+    }
+
+
+def _relative(sim: float, real: float) -> float:
+    return abs(sim - real) / real if real else float("inf")
+
+
+def _text(line: dict[str, Any]) -> str:
+    low, high = line["real_ci"]
+    return (
+        f"{line['config']:5} rate {line['rate']:g}/s {line['metric']:10} real {line['real']:9.4f} "
+        f"[{low:.4f}, {high:.4f}] sim {line['sim']:9.4f} error {line['error']:6.1%} "
+        f"(x{line['repeats']}, load {line['loadavg']})"
+    )
+
+
+def _verdict_text(verdict: dict[str, Any]) -> str:
+    return (
+        f"TTFT/ITL p50/p90: median |error| {verdict['median_error']:.1%}, max "
+        f"{verdict['max_error']:.1%} over {verdict['latency_errors']} figures "
+        f"({verdict['within_9_percent']} within 9 %); target (median <= 10 %, all <= 25 %) "
+        f"{'met' if verdict['meets_target'] else 'missed'}"
+    )
+
+
 def plot_fidelity(lines: list[dict[str, Any]], path: Path) -> None:
-    """One panel per metric: real (solid) and simulated (dashed) against rate, per config."""
+    """One panel per metric: real (solid, with its interval) and simulated (dashed) per config."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,143 +196,17 @@ def plot_fidelity(lines: list[dict[str, Any]], path: Path) -> None:
         for config in sorted({line["config"] for line in lines}):
             rows = [x for x in lines if x["metric"] == metric and x["config"] == config]
             rates = [x["rate"] for x in rows]
-            (real,) = axis.plot(rates, [x["real"] for x in rows], "o-", label=f"{config} real")
-            axis.plot(rates, [x["sim"] for x in rows], "x--", color=real.get_color(),
-                      label=f"{config} sim")  # fmt: skip
+            errors = [
+                [x["real"] - x["real_ci"][0] for x in rows],
+                [x["real_ci"][1] - x["real"] for x in rows],
+            ]
+            reals = [x["real"] for x in rows]
+            real = axis.errorbar(rates, reals, yerr=errors, fmt="o-", capsize=3, label=config)
+            color = real.lines[0].get_color()
+            axis.plot(rates, [x["sim"] for x in rows], "x--", color=color, label=f"{config} sim")
         axis.set_title(metric)
         axis.set_xlabel("requests/s")
     axes[0].legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
-
-
-def _rates(text: str | None, workload: Workload) -> list[int]:
-    if text is None:
-        base = round(workload.rate) if isinstance(workload, PoissonSpec) else 1
-        return [max(base - 1, 1), max(base, 2), max(base + 1, 3)]
-    rates = [int(part) for part in text.split(",")]
-    if len(rates) != 3 or min(rates) < 1:
-        raise ValueError(f"--rates: three whole numbers >= 1, got {text!r}")
-    return rates
-
-
-def _parse_config(name: str) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d)P(\d)D", name.strip())
-    if match is None or name.strip() not in ("1P1D", "1P2D", "2P1D"):
-        raise ValueError(f"--configs: each one of 1P1D, 1P2D, 2P1D, got {name!r}")
-    return int(match[1]), int(match[2])
-
-
-def validation_trace(workload: Workload, rate: int, traffic_s: float) -> list[TraceRequest]:
-    """The workload's lengths, in order, arriving every 1 / rate seconds (the runner's schedule)."""
-    lengths = requests_of(workload)
-    count = int(rate * traffic_s)
-    return [
-        TraceRequest(i / rate, lengths[i % len(lengths)].prompt_tokens,
-                     lengths[i % len(lengths)].output_tokens)
-        for i in range(count)
-    ]  # fmt: skip
-
-
-def simulated(
-    profile: Profile, num_prefill: int, num_decode: int, engine: EngineConfig,
-    trace: list[TraceRequest], shares: tuple[float, float],
-) -> dict[str, float]:  # fmt: skip
-    deployment = Deployment(
-        num_prefill, num_decode, engine, engine, prefill_share=shares[0], decode_share=shares[1]
-    )
-    summary = summarize(ClusterSim(deployment, profile).run(trace))
-    return {**summary, "throughput": summary["throughput_tokens_per_s"]}
-
-
-def run_real(
-    model_dir: Path, num_prefill: int, num_decode: int, engine: EngineConfig,
-    traces: dict[int, list[TraceRequest]], out_dir: Path,
-) -> dict[int, dict[str, Any]]:  # fmt: skip
-    pins = tuple(CpuPin("prefill", i, (0,)) for i in range(num_prefill)) + tuple(
-        CpuPin("decode", i, (1,)) for i in range(num_decode)
-    )
-    spec = ClusterSpec(
-        model_dir, num_prefill, num_decode, BASE_PORT, METRICS_PORT,
-        worker_args=_engine_flags(engine), pins=pins,
-    )  # fmt: skip
-    name = f"{num_prefill}P{num_decode}D"
-    results: dict[int, dict[str, Any]] = {}
-    with Cluster(spec, log_dir=out_dir / f"{name}-logs") as cluster:
-        cluster.wait_ready()
-        warm_up = [TraceRequest(0.0, 16, 4)] * 2
-        _load(warm_up, 1, cluster.router.address, out_dir / f"{name}-warmup")
-        for rate, trace in traces.items():
-            loadavg = Path("/proc/loadavg").read_text().split()[:3]
-            workers = {p: cpu_share.snapshot(p.popen.pid) for p in cluster.prefill + cluster.decode}
-            report = _load(trace, rate, cluster.router.address, out_dir / f"{name}-r{rate}")
-            shares = {p: cpu_share.engine_share(s, cpu_share.snapshot(p.popen.pid))
-                      for p, s in workers.items()}  # fmt: skip
-            results[rate] = {
-                **real_metrics(report),
-                "loadavg": " ".join(loadavg),
-                "prefill_share": _mean([s for p, s in shares.items() if p.role == "prefill"]),
-                "decode_share": _mean([s for p, s in shares.items() if p.role == "decode"]),
-            }
-    return results
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _engine_flags(engine: EngineConfig) -> tuple[str, ...]:
-    flags = ("block_size", "num_kv_blocks", "num_swap_blocks", "max_num_seqs",
-             "max_num_batched_tokens")  # fmt: skip
-    return tuple(
-        part for flag in flags
-        for part in (f"--{flag.replace('_', '-')}", str(getattr(engine, flag)))
-    )  # fmt: skip
-
-
-def _load(trace: list[TraceRequest], rate: int, host: str, stem: Path) -> dict[str, Any]:
-    """Runs `pdserve loadtest` on a config made from the trace; returns its report."""
-    rng = random.Random(0)
-    data = [
-        {"prompt_token_ids": {"ids": _prompt(rng, r.prompt_tokens)},
-         "sampling": {"max_tokens": r.output_tokens, "temperature": 0, "ignore_eos": True}}
-        for r in trace
-    ]  # fmt: skip
-    config = {
-        "call": "pdserve.v1.Generation.GenerateStream", "host": host, "insecure": True,
-        "rps": rate, "total": len(trace), "concurrency": 512, "timeout": "600s", "data": data,
-    }  # fmt: skip
-    config_path, report_path = stem.with_suffix(".config.json"), stem.with_suffix(".report.json")
-    config_path.write_text(json.dumps(config))
-    command = [sys.executable, "-m", "pdserve", "loadtest", str(config_path), "-q",
-               "-o", str(report_path)]  # fmt: skip
-    subprocess.run(command, check=True)
-    report: dict[str, Any] = json.loads(report_path.read_text())
-    return report
-
-
-def _prompt(rng: random.Random, length: int) -> list[int]:
-    return [rng.randrange(FIRST_ID, VOCAB) for _ in range(length)]
-
-
-def real_metrics(report: dict[str, Any]) -> dict[str, float]:
-    generation = report["generation"]
-    metrics = {"throughput": float(generation["outputTokensPerSecond"])}
-    for name, key in (("ttft", "timeToFirstToken"), ("itl", "interTokenLatency")):
-        marks = {m["percentage"]: m["latency"] for m in generation[key]["latencyDistribution"]}
-        metrics[f"{name}_p50"], metrics[f"{name}_p90"] = marks[50] / 1e9, marks[90] / 1e9
-    return metrics
-
-
-def _error(sim: float, real: float) -> float:
-    return abs(sim - real) / real if real else float("inf")
-
-
-def _text(line: dict[str, Any]) -> str:
-    return (
-        f"{line['config']:5} rate {line['rate']}/s {line['metric']:11} real {line['real']:9.4f} "
-        f"sim {line['sim']:9.4f} error {line['error']:6.1%} | profiled {line['sim_profiled']:9.4f}"
-        f" error {line['error_profiled']:6.1%} (shares {line['prefill_share']:.2f}/"
-        f"{line['decode_share']:.2f}, load {line['loadavg']})"
-    )
