@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import time
 
 import ucxx._lib.libucxx as ucx_api
 
@@ -24,20 +23,18 @@ from pdserve.core.transfer.interface import (
     TransferError,
     TransferTimeoutError,
     check_send_args,
-    misplaced_push,
     piece_tag,
 )
-from pdserve.core.transfer.staging import Staging, StagingPool, block_index
+from pdserve.core.transfer.piece_send import PieceSendBase, SendCounters
+from pdserve.core.transfer.staging import Piece, StagingPool
 from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime, close_endpoint, ucx_buffer
 
 
-class KVSender:
+class KVSender(SendCounters):
     """Prefill side: pushes a prompt's blocks to the decode worker named in a descriptor."""
 
     def __init__(self, config: UcxConfig) -> None:
-        self.bytes_sent = 0  # whole blocks delivered, K and V of every layer
-        self.pieces_sent = 0  # messages delivered (one per group of layers)
-        self.seconds = 0.0  # summed first push -> delivered time (gathers + wire)
+        super().__init__()
         self.runtime = UcxRuntime(config)
         self.pool = StagingPool(config.staging_pool_bytes)
         self._lock = threading.Lock()
@@ -75,12 +72,6 @@ class KVSender:
                 self._endpoints[peer] = endpoint
             return endpoint
 
-    def count(self, nbytes: int, pieces: int, seconds: float) -> None:
-        with self._lock:
-            self.bytes_sent += nbytes
-            self.pieces_sent += pieces
-            self.seconds += seconds
-
     async def completion(self, descriptor: TransferDescriptor, request: ucx_api.UCXRequest) -> None:
         """Waits for one posted send; a timeout or an error closes the endpoint and raises."""
         waiter = asyncio.ensure_future(request.wait())
@@ -104,38 +95,24 @@ class KVSender:
             await close_endpoint(endpoint)
 
 
-class PieceSend:
-    """One transfer being pushed: `push(piece)` per group of layers, then `done()` exactly once."""
+class PieceSend(PieceSendBase):
+    """A transfer over UCX: each piece is a tagged send posted on the caller's thread; `done()`
+    completes on the UCX loop thread once every send was taken by the receiver."""
 
     def __init__(
         self, sender: KVSender, descriptor: TransferDescriptor, cache: KVCache, src: list[int]
     ) -> None:
-        self.descriptor = descriptor
-        self._sender = sender
-        self._cache = cache
-        self._index = block_index(cache, src)
-        self._started: float | None = None  # the first push: open() precedes the forward
-        self._gather_s = 0.0
-        self._staging: Staging = sender.pool.acquire(
+        staging = sender.pool.acquire(
             descriptor.layout,
             len(src),
             descriptor.num_pieces,
             sender.runtime.config.staging.device_for(cache),
         )
-        self._sends: dict[int, concurrent.futures.Future[None]] = {}
-        self._errors: list[BaseException] = []
+        super().__init__(descriptor, cache, src, staging)
+        self._sender = sender
+        self._sends: list[concurrent.futures.Future[None]] = []
 
-    def push(self, piece: int) -> None:
-        """Gathers and posts piece `piece`; never raises (a failure fails `done()`)."""
-        misplaced = misplaced_push(piece, self.descriptor.num_pieces, self._sends)
-        if misplaced is not None:
-            self._errors.append(misplaced)
-            return
-        started = time.perf_counter()
-        self._started = self._started or started
-        target = self._staging.pieces[piece]
-        target.gather_from(self._cache, self._index, self.descriptor.token)
-        self._gather_s += time.perf_counter() - started
+    def _send(self, piece: int, target: Piece) -> None:
         tag = ucx_api.UCXXTag(piece_tag(self.descriptor.token, piece))
         try:
             request = self._sender.endpoint(self.descriptor.peer_address).tag_send(
@@ -144,28 +121,23 @@ class PieceSend:
         except ucx_api.UCXError as error:
             self._errors.append(TransferError(f"peer_address: cannot send to it: {error!r}"))
             return
-        self._sends[piece] = self._sender.runtime.submit(
-            self._sender.completion(self.descriptor, request)
+        self._sends.append(
+            self._sender.runtime.submit(self._sender.completion(self.descriptor, request))
         )
 
     def done(self) -> concurrent.futures.Future[SendResult]:
-        missing = sorted(set(range(self.descriptor.num_pieces)) - set(self._sends))
-        if missing and not self._errors:
-            self._errors.append(TransferError(f"pieces {missing} were never pushed"))
+        self._note_missing_pieces()
         return self._sender.runtime.submit(self._finish())
 
     async def _finish(self) -> SendResult:
         outcomes = await asyncio.gather(
-            *(asyncio.wrap_future(send) for send in self._sends.values()), return_exceptions=True
+            *(asyncio.wrap_future(send) for send in self._sends), return_exceptions=True
         )
         self._sender.pool.release(self._staging)  # every send settled: UCX is done with it
         failures = [o for o in outcomes if isinstance(o, BaseException)] + self._errors
         if failures:
             raise failures[0]
-        seconds = time.perf_counter() - (self._started or time.perf_counter())
-        nbytes = self._staging.payload_nbytes
-        self._sender.count(nbytes, len(self._sends), seconds)
-        return SendResult(self.descriptor.request_id, nbytes, seconds, self._gather_s)
+        return self._delivered(self._sender)
 
 
 def _consume_exception(future: asyncio.Future[None]) -> None:

@@ -27,8 +27,8 @@ from pdserve.core.transfer.interface import (
     check_layout,
     check_num_pieces,
     check_send_args,
-    misplaced_push,
 )
+from pdserve.core.transfer.piece_send import PieceSendBase, SendCounters
 from pdserve.core.transfer.staging import Piece, Staging, block_index
 
 
@@ -124,13 +124,11 @@ class LocalKVReceiver:
         self._entries.clear()
 
 
-class LocalKVSender:
+class LocalKVSender(SendCounters):
     """Prefill side of the in-process backend (same `open` and counters as `KVSender`)."""
 
     def __init__(self, hub: LocalTransferHub) -> None:
-        self.bytes_sent = 0
-        self.pieces_sent = 0
-        self.seconds = 0.0
+        super().__init__()
         self.hub = hub
 
     def open(
@@ -147,33 +145,17 @@ class LocalKVSender:
         return None
 
 
-class LocalPieceSend:
+class LocalPieceSend(PieceSendBase):
     """Each `push` delivers its piece at once; `done()` reports the first failure, if any."""
 
     def __init__(
         self, sender: LocalKVSender, descriptor: TransferDescriptor, cache: KVCache, src: list[int]
     ) -> None:
-        self.descriptor = descriptor
+        staging = Staging(descriptor.layout, len(src), descriptor.num_pieces)
+        super().__init__(descriptor, cache, src, staging)
         self._sender = sender
-        self._cache = cache
-        self._index = block_index(cache, src)
-        self._staging = Staging(descriptor.layout, len(src), descriptor.num_pieces)
-        self._started: float | None = None  # the first push: open() precedes the forward
-        self._gather_s = 0.0
-        self._pushed: set[int] = set()
-        self._errors: list[Exception] = []
 
-    def push(self, piece: int) -> None:
-        misplaced = misplaced_push(piece, self.descriptor.num_pieces, self._pushed)
-        if misplaced is not None:
-            self._errors.append(misplaced)
-            return
-        self._pushed.add(piece)
-        started = time.perf_counter()
-        self._started = self._started or started
-        target = self._staging.pieces[piece]
-        target.gather_from(self._cache, self._index, self.descriptor.token)
-        self._gather_s += time.perf_counter() - started
+    def _send(self, piece: int, target: Piece) -> None:
         try:
             self._sender.hub.deliver(self.descriptor, piece, target)
         except TransferError as error:
@@ -181,16 +163,9 @@ class LocalPieceSend:
 
     def done(self) -> concurrent.futures.Future[SendResult]:
         future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
-        missing = sorted(set(range(self.descriptor.num_pieces)) - self._pushed)
-        if missing:
-            self._errors.append(TransferError(f"pieces {missing} were never pushed"))
+        self._note_missing_pieces()
         if self._errors:
             future.set_exception(self._errors[0])
-            return future
-        seconds = time.perf_counter() - (self._started or time.perf_counter())
-        nbytes = self._staging.payload_nbytes
-        self._sender.bytes_sent += nbytes
-        self._sender.pieces_sent += len(self._pushed)
-        self._sender.seconds += seconds
-        future.set_result(SendResult(self.descriptor.request_id, nbytes, seconds, self._gather_s))
+        else:
+            future.set_result(self._delivered(self._sender))
         return future
