@@ -15,6 +15,7 @@ from pdserve.core.static_scheduler import StaticScheduler
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.workload import TraceRequest
+from pdserve.router.placement import PlacementConfig
 from tests.planner.helpers import fixed_step_profile
 
 STEP = 0.05
@@ -109,7 +110,7 @@ def test_threshold_sends_short_prompts_to_decode() -> None:
     """With a threshold, a short prompt skips the prefill tier (its first token comes from decode's
     own step) and a long one takes it (its KV delivery shows in its TTFT)."""
     per_block = 0.01
-    deployment = Deployment(1, 1, disagg_threshold=32)
+    deployment = Deployment(1, 1, placement=PlacementConfig(disagg_threshold=32))
     short, long = _run(
         deployment,
         [TraceRequest(0.0, 20, 1), TraceRequest(10.0, 40, 1)],
@@ -123,7 +124,7 @@ def test_a_saturated_prefill_tier_sends_long_prompts_to_decode() -> None:
     """The router's rule: with one prefill call in flight per worker allowed, a long prompt that
     arrives while one is in flight is prefilled on decode."""
     per_block = 0.01
-    deployment = Deployment(1, 1, disagg_threshold=8, max_prefill_queue=1)
+    deployment = Deployment(1, 1, placement=PlacementConfig(8, max_prefill_queue=1))
     first, second = _run(
         deployment,
         [TraceRequest(0.0, 40, 1), TraceRequest(0.001, 40, 1)],
