@@ -78,14 +78,17 @@ class PoissonSpec:
     shared_prefix: SharedPrefix | None = None
 
     def requests(self) -> list[TraceRequest]:
-        """Exponential gaps at `rate` until `duration_s`; lengths drawn uniformly (prefixes
-        after them, so a SPEC's lengths do not change when it adds a shared prefix)."""
+        """Exponential gaps at `rate` until `duration_s`; lengths drawn uniformly. Prefixes come
+        from a generator of their own, so adding `shared_prefix` to a SPEC keeps its requests'
+        arrivals and lengths."""
         rng = random.Random(self.seed)
+        prefix_rng = random.Random(f"shared_prefix:{self.seed}")
         requests: list[TraceRequest] = []
         now = rng.expovariate(self.rate)
         while now < self.duration_s:
             prompt, output = self.prompt_tokens.draw(rng), self.output_tokens.draw(rng)
-            prefix = self.shared_prefix.draw(rng, prompt) if self.shared_prefix else (None, 0)
+            shared = self.shared_prefix
+            prefix = shared.draw(prefix_rng, prompt) if shared is not None else (None, 0)
             requests.append(TraceRequest(now, prompt, output, *prefix))
             now += rng.expovariate(self.rate)
         return requests
