@@ -38,6 +38,11 @@ def chain_hashes(
         known.append(hashlib.blake2b(parent + tokens.tobytes(), digest_size=16).digest())
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens (the last one possibly partly filled)."""
+    return -(-num_tokens // block_size)
+
+
 def cache_root(identity: str) -> BlockHash:
     """The parent hash of every first block, for one model and KV layout."""
     return hashlib.blake2b(identity.encode(), digest_size=16).digest()

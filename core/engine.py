@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from pdserve.core.block_pool import cache_root
+from pdserve.core.block_pool import blocks_for, cache_root
 from pdserve.core.config import EngineConfig
 from pdserve.core.detokenizer import IncrementalDetokenizer
 from pdserve.core.kv_cache import DTYPES, KVCache, KVLayout
@@ -29,7 +29,7 @@ from pdserve.core.sampling_params import (
     InvalidRequestError,
     SamplingParams,
 )
-from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
+from pdserve.core.scheduler import Scheduler, SchedulerOutput
 
 SAMPLE_SEPARATOR = "/"
 
@@ -89,7 +89,7 @@ class LLMEngine:
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
         self.scheduler = scheduler_class(config)
-        self.scheduler.cache_root = cache_root(f"{self.model_config!r}|{self.layout!r}")
+        self.scheduler.kv_manager.cache_root = cache_root(f"{self.model_config!r}|{self.layout!r}")
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()
@@ -245,18 +245,18 @@ class LLMEngine:
         return None
 
     def stats(self) -> EngineStats:
-        scheduler = self.scheduler
+        scheduler, kv_manager = self.scheduler, self.scheduler.kv_manager
         return EngineStats(
             num_waiting=len(scheduler.waiting),
             num_running=len(scheduler.running),
             num_swapped=len(scheduler.swapped),
-            num_free_blocks=scheduler.block_pool.num_free,
-            num_total_blocks=scheduler.block_pool.num_blocks,
-            num_free_swap_blocks=scheduler.swap_pool.num_free,
+            num_free_blocks=kv_manager.block_pool.num_free,
+            num_total_blocks=kv_manager.block_pool.num_blocks,
+            num_free_swap_blocks=kv_manager.swap_pool.num_free,
             num_preemptions=scheduler.num_preemptions,
             num_swaps_out=scheduler.num_swaps_out,
-            num_cached_blocks=scheduler.block_pool.num_cached_blocks,
-            num_cache_evictions=scheduler.block_pool.num_evictions,
-            num_prefix_query_tokens=scheduler.num_prefix_query_tokens,
-            num_prefix_hit_tokens=scheduler.num_prefix_hit_tokens,
+            num_cached_blocks=kv_manager.block_pool.num_cached_blocks,
+            num_cache_evictions=kv_manager.block_pool.num_evictions,
+            num_prefix_query_tokens=kv_manager.num_prefix_query_tokens,
+            num_prefix_hit_tokens=kv_manager.num_prefix_hit_tokens,
         )

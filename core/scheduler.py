@@ -9,10 +9,14 @@ prefill chunks and decodes share every step under one token budget. A step:
    preempted: its blocks are swapped to the CPU pool if it has room, else freed for recompute.
 2. Swapped and waiting requests, best first, are admitted while budget, `max_num_seqs` and blocks
    allow; under `priority` one may preempt worse running ones. A fresh request first takes the
-   leading blocks cached for its tokens (`take_cached_prefix`) and allocates only the rest.
+   leading blocks cached for its tokens (`KVCacheManager.take_cached_prefix`) and allocates only
+   the rest.
 
 After the forward, `record_computed` advances each request and registers the blocks it filled, so
 later requests (and its own recompute after a preemption) can reuse them.
+
+Blocks are the KV-cache manager's (`core/kv_cache_manager.py`): the scheduler decides who gets
+them and when; the manager gives, shares, copies, swaps and frees them and counts prefix hits.
 
 With n > 1 the samples of a prompt share its blocks: the first computes all but the last prompt
 token, then `_fork` gives every other sample a reference on each block. A request about to write
@@ -23,14 +27,18 @@ The runner copies in this order: swap-out, copy-on-write, swap-in, forward. So d
 released by a swap-out can be reused at once (they are read before anything writes them); a
 copy's source is read before any swap-in or forward can overwrite it, and a request swapped out
 right after its copy-on-write swaps out the copy's source instead (`StepPlan.cancel_copies`). Swap
-blocks released by a swap-in go back to the swap pool only at the next step (a swap-out earlier
-in the same step's copies would otherwise overwrite them before they are read).
+blocks released by a swap-in go back to the swap pool only at the next step
+(`KVCacheManager.release_swapped_in`: a swap-out earlier in the same step's copies would
+otherwise overwrite them before they are read).
 """
 
 from __future__ import annotations
 
-from pdserve.core.block_pool import BlockPool, chain_hashes
+from pdserve.core.block_pool import (
+    blocks_for as blocks_for,  # re-exported: bench/ still imports it from here
+)
 from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.kv_cache_manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.step_plan import (
     SchedulerOutput as SchedulerOutput,  # re-exported: imported from here
@@ -43,17 +51,12 @@ class Scheduler:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.cache_root = b""  # block_pool.cache_root of the model and layout; the engine sets it
-        self.block_pool = BlockPool(config.num_kv_blocks, config.enable_prefix_caching)
-        self.swap_pool = BlockPool(config.num_swap_blocks)
+        self.kv_manager = KVCacheManager(config)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
-        self._deferred_swap_frees: list[int] = []
         self.num_preemptions = 0
         self.num_swaps_out = 0
-        self.num_prefix_query_tokens = 0  # tokens of admitted waiting requests
-        self.num_prefix_hit_tokens = 0  # of those, found in the prefix cache
 
     # -- queue management -------------------------------------------------------------------
 
@@ -68,6 +71,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
+    def has_queued(self) -> bool:
+        """Whether requests wait to (re)join the batch: preempted, swapped, or their KV here."""
+        return bool(self.waiting or self.swapped)
+
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Removes a request from whichever queue holds it and frees everything it owns; forks
         it has not made yet finish with it."""
@@ -80,17 +87,15 @@ class Scheduler:
         for fork in request.forks:
             fork.status = status
         request.forks = []
-        self._free_blocks(request)
-        self.swap_pool.free(request.swap_block_ids)
-        request.swap_block_ids = []
+        self.kv_manager.free(request)
         request.status = status
         if not self.has_unfinished():
-            self._release_deferred()  # no next step may come to do it; the copies have run
+            self.kv_manager.release_swapped_in()  # no next step may come to do it; the copies ran
 
     # -- one step -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        self._release_deferred()
+        self.kv_manager.release_swapped_in()
         step = StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(step)
         self._admit_queued(step)
@@ -102,7 +107,7 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING or step.budget == 0:
                 continue  # preempted earlier in this step
             num_new = min(request.target_tokens - request.num_computed_tokens, step.budget)
-            while not self._grow(request, num_new, step):
+            while not self.kv_manager.grow(request, num_new, step.copies):
                 victim = self._worst_running()
                 self._preempt(victim, step)
                 if victim is request:
@@ -119,35 +124,33 @@ class Scheduler:
                 return  # nothing worse than a request preempted this step may take its place
             # Fresh: nothing computed yet (not swapped, no KV that arrived from the prefill tier).
             fresh = request.status is RequestStatus.WAITING and not request.block_ids
-            num_cached = self.take_cached_prefix(request) if fresh else 0
+            num_cached = self.kv_manager.take_cached_prefix(request) if fresh else 0
             num_new = min(request.target_tokens - request.num_computed_tokens, step.budget)
             if not self._make_room(request, num_new, step):
                 if num_cached:  # gives its cached prefix back
-                    self._free_blocks(request)
-                    request.num_computed_tokens = 0
+                    self.kv_manager.free_for_recompute(request)
                 if self.running:
                     return  # head-of-line: admitting later ones first would break the order
                 continue  # nothing runs to free blocks for it: requests holding theirs may move
             if fresh:
-                self.num_prefix_query_tokens += request.num_tokens
-                self.num_prefix_hit_tokens += num_cached
+                self.kv_manager.count_prefix_query(request)
             self._admit(request, num_new, step)
 
     def _admit(self, request: Request, num_new: int, step: StepPlan) -> None:
         """Moves a waiting or swapped request into the running batch for `num_new` tokens."""
         if request.status is RequestStatus.SWAPPED:
-            self._swap_in(request, step)
+            step.swap_in.extend(self.kv_manager.swap_in(request))
             self.swapped.remove(request)
         else:
             self.waiting.remove(request)
-        self._grow(request, num_new, step)
+        self.kv_manager.grow(request, num_new, step.copies)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         step.schedule(request, num_new)
 
     def _make_room(self, request: Request, num_new: int, step: StepPlan) -> bool:
         """Whether `request` fits; under `priority` it may preempt worse running requests."""
-        while not self.block_pool.can_allocate(self._blocks_needed(request, num_new)):
+        while not self.kv_manager.can_grow(request, num_new):
             victim = self._worst_running() if self.running else None
             if (
                 self.config.policy is not SchedulingPolicy.PRIORITY
@@ -158,87 +161,26 @@ class Scheduler:
             self._preempt(victim, step)
         return True
 
-    # -- prefix cache ------------------------------------------------------------------------
+    # -- after the forward -------------------------------------------------------------------
 
     def record_computed(self, request: Request, num_new: int) -> None:
         """The forward wrote `num_new` more tokens of KV: blocks it filled join the cache."""
-        filled_before = request.num_computed_tokens // self.config.block_size
+        num_computed_before = request.num_computed_tokens
         request.num_computed_tokens += num_new
-        filled = request.num_computed_tokens // self.config.block_size
-        if filled > filled_before and self.block_pool.enable_caching:
-            hashes = self._block_hashes(request)
-            for index in range(filled_before, filled):
-                self.block_pool.register(request.block_ids[index], hashes[index])
+        self.kv_manager.cache_filled(request, num_computed_before)
         if request.forks and request.num_computed_tokens == request.fork_point:
             self._fork(request)
 
     def _fork(self, leader: Request) -> None:
         """The leader's forks take a reference on each of its blocks and join the batch."""
         for fork in leader.forks:
-            self.block_pool.share(leader.block_ids)
-            fork.block_ids = list(leader.block_ids)
+            self.kv_manager.share(leader, fork)
             fork.num_computed_tokens = leader.num_computed_tokens
             fork.status = RequestStatus.RUNNING
             self.running.append(fork)
         leader.forks = []
 
-    def take_cached_prefix(self, request: Request) -> int:
-        """A fresh request takes the cached blocks of its tokens but the last; how many tokens."""
-        if not self.block_pool.enable_caching:
-            return 0
-        usable = (request.target_tokens - 1) // self.config.block_size
-        block_ids = self.block_pool.cached_prefix(self._block_hashes(request)[:usable])
-        self.block_pool.take_cached(block_ids)
-        request.block_ids = block_ids
-        request.num_computed_tokens = len(block_ids) * self.config.block_size
-        return request.num_computed_tokens
-
-    def _block_hashes(self, request: Request) -> list[bytes]:
-        hashes, block_size = request.block_hashes, self.config.block_size
-        chain_hashes(self.cache_root, request.all_token_ids, block_size, hashes)
-        return hashes
-
-    def _free_blocks(self, request: Request) -> None:
-        """Frees a request's device blocks, its last block first: the cache evicts in the order
-        of freeing, and a prefix's tail is the part other requests are least likely to share."""
-        self.block_pool.free(request.block_ids[::-1])
-        request.block_ids = []
-
-    # -- blocks, preemption, swap ------------------------------------------------------------
-
-    def _blocks_needed(self, request: Request, num_new: int) -> int:
-        """Device blocks to take: for the new tokens, and for swapping its blocks back in."""
-        total = blocks_for(request.num_computed_tokens + num_new, self.config.block_size)
-        grow = total - len(request.block_ids) + int(self._shared_write_block(request) is not None)
-        return max(grow, len(request.swap_block_ids))
-
-    def _grow(self, request: Request, num_new: int, step: StepPlan) -> bool:
-        """Allocates the blocks `request` needs for `num_new` more tokens, or nothing: new
-        blocks at the end, and a private copy of a shared block it is about to write into."""
-        total = blocks_for(request.num_computed_tokens + num_new, self.config.block_size)
-        shared = self._shared_write_block(request)
-        missing = total - len(request.block_ids) + int(shared is not None)
-        if missing <= 0:
-            return True
-        ids = self.block_pool.allocate(missing)
-        if ids is None:
-            return False
-        if shared is not None:
-            copy = ids.pop()
-            step.copies.append((request.block_ids[shared], copy))
-            self.block_pool.free([request.block_ids[shared]])
-            request.block_ids[shared] = copy
-        request.block_ids.extend(ids)
-        return True
-
-    def _shared_write_block(self, request: Request) -> int | None:
-        """Index of the block the next token goes into, when other requests hold it too."""
-        index = request.num_computed_tokens // self.config.block_size
-        shared = (
-            index < len(request.block_ids)
-            and self.block_pool.ref_count(request.block_ids[index]) > 1
-        )
-        return index if shared else None
+    # -- preemption ----------------------------------------------------------------------------
 
     def _worst_running(self) -> Request:
         return max(self.running, key=self._rank)
@@ -254,30 +196,16 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         sources = step.cancel_copies(request.block_ids)
-        swap_ids = self.swap_pool.allocate(len(request.block_ids))
-        if swap_ids is None:  # swap pool full: recompute from scratch later
-            self._free_blocks(request)
-            request.num_computed_tokens = 0
+        pairs = self.kv_manager.swap_out(request, sources)
+        if pairs is None:  # swap pool full: recompute from scratch later
+            self.kv_manager.free_for_recompute(request)
             request.status = RequestStatus.WAITING
             self.waiting.append(request)
             return
-        step.swap_out.extend(zip(sources, swap_ids, strict=True))
-        self._free_blocks(request)
-        request.swap_block_ids = swap_ids
+        step.swap_out.extend(pairs)
         request.status = RequestStatus.SWAPPED
         self.num_swaps_out += 1
         self.swapped.append(request)
-
-    def _swap_in(self, request: Request, step: StepPlan) -> None:
-        device_ids = self.block_pool.allocate(len(request.swap_block_ids))
-        assert device_ids is not None  # _make_room counted these blocks
-        step.swap_in.extend(zip(request.swap_block_ids, device_ids, strict=True))
-        self._deferred_swap_frees.extend(request.swap_block_ids)
-        request.block_ids, request.swap_block_ids = device_ids, []
-
-    def _release_deferred(self) -> None:
-        self.swap_pool.free(self._deferred_swap_frees)
-        self._deferred_swap_frees = []
 
     def _rank(self, request: Request) -> tuple[int, int, int]:
         """Sort key: smaller runs first. The worst request is the max.
@@ -294,7 +222,3 @@ class Scheduler:
             age = self.config.sjf_aging_tokens * request.arrival_order
             return (request.remaining_work + age, *order)
         return (0, *order)
-
-
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)

@@ -22,6 +22,6 @@ class StaticScheduler(Scheduler):
         queued = sorted(self.swapped + self.waiting, key=lambda r: r.arrival_order)
         for request in queued[: self.config.max_num_seqs]:
             num_new = request.num_tokens - request.num_computed_tokens
-            if not self.block_pool.can_allocate(self._blocks_needed(request, num_new)):
+            if not self.kv_manager.can_grow(request, num_new):
                 return
             self._admit(request, num_new, step)

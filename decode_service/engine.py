@@ -6,7 +6,8 @@ A request's path through decode (traced, as SGLang's disaggregation docs do):
    UCX receive. Leading prompt blocks this worker's prefix cache holds are taken by reference
    (as the scheduler does for a fresh request) and left out of the descriptor's `block_ids`:
    `num_cached_blocks` tells prefill not to send them, and the receive expects only the rest.
-   Status WAITING_FOR_KV; the request is in no scheduler queue yet.
+   Status WAITING_FOR_KV; the request is in no scheduler queue yet. The queue and its rules are
+   `core/reservation_queue.py`'s, which the planner's simulator runs too.
 2. `start` (Decode.Generate): the router hands over prefill's first token. From now on `poll`
    watches the transfer without blocking.
 3. KV landed: the prompt's full blocks join the prefix cache (so they outlive the request), the
@@ -22,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +40,12 @@ from pdserve.core.errors import (
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.outputs import TokenDelta
 from pdserve.core.request import Request, RequestStatus
+from pdserve.core.reservation_queue import ReservationQueue
 from pdserve.core.sampling_params import (
     DuplicateRequestError,
     InvalidRequestError,
     SamplingParams,
 )
-from pdserve.core.scheduler import blocks_for
 from pdserve.core.transfer.interface import KVReceiverLike, TransferDescriptor, TransferState
 
 ReceiverFactory = Callable[[KVCache], KVReceiverLike]
@@ -79,10 +79,9 @@ class DecodeEngine(LLMEngine):
         super().__init__(model_dir, config)
         self.limits = limits
         self.receiver = receiver_factory(self.runner.kv_cache)
-        self._queued: deque[_Reservation] = deque()  # waiting for free blocks
+        self._queued = ReservationQueue[_Reservation](self.scheduler)  # waiting for blocks
         self._reserved: dict[str, _Reservation] = {}  # blocks held, KV expected
         self._failed: dict[str, str] = {}  # freed before Generate came: request id -> why
-        self.num_reused_blocks = 0  # prompt blocks reservations found cached: they never traveled
 
     # -- commands (engine thread) ---------------------------------------------------------
 
@@ -114,7 +113,7 @@ class DecodeEngine(LLMEngine):
         self._failed.pop(request_id, None)  # a retry of a failed reservation starts afresh
 
     def _knows(self, request_id: str) -> bool:
-        queued = any(r.request.request_id == request_id for r in self._queued)
+        queued = self._queued.get(request_id) is not None
         return queued or request_id in self.requests or request_id in self._reserved
 
     def start(self, request_id: str, token: bytes, first_token: int) -> None:
@@ -135,14 +134,14 @@ class DecodeEngine(LLMEngine):
     def abort(self, request_id: str) -> None:
         """Frees whatever the request holds, at any stage (unknown ids are ignored)."""
         self._failed.pop(request_id, None)
-        for reservation in list(self._queued):
-            if reservation.request.request_id == request_id:
-                self._queued.remove(reservation)
-                reservation.granted.cancel()
+        queued = self._queued.get(request_id)
+        if queued is not None:
+            self._queued.remove(queued)
+            queued.granted.cancel()
         if request_id in self._reserved:
             reservation = self._reserved.pop(request_id)
             self.receiver.cancel(request_id)
-            self._give_back(reservation.request)
+            self.scheduler.kv_manager.free_for_recompute(reservation.request)
             reservation.request.status = RequestStatus.FINISHED_ABORTED
             self._detokenizers.pop(request_id, None)
             return
@@ -184,69 +183,38 @@ class DecodeEngine(LLMEngine):
             self._failed.pop(next(iter(self._failed)))  # oldest first: bounded memory
 
     def _grant_queued(self) -> None:
-        # Swapped and preempted requests go first: they already hold a place in the batch.
-        while self._queued and not (self.scheduler.swapped or self.scheduler.waiting):
-            reservation = self._queued[0]
-            request = reservation.request
-            if not self._take_blocks(request):
-                return
-            self._queued.popleft()
-            request.status = RequestStatus.WAITING_FOR_KV
-            num_cached = request.num_computed_tokens // self.config.block_size
-            try:
-                expected = self.receiver.expect(
-                    request.request_id, request.block_ids[num_cached:], self.layout
-                )
-            except Exception as error:  # the caller learns why; the blocks go back
-                self._give_back(request)
-                reservation.granted.set_exception(error)
-                continue
-            self._count_reuse(request, num_cached)
-            descriptor = dataclasses.replace(expected, num_cached_blocks=num_cached)
-            reservation.descriptor = descriptor
-            reservation.since = time.monotonic()
-            self._reserved[request.request_id] = reservation
-            reservation.granted.set_result(descriptor)
+        self._queued.grant(self._post_receive)
 
-    def _take_blocks(self, request: Request) -> bool:
-        """The prompt's cached leading blocks (by reference) and new ones for the rest, or
-        nothing. At most all but the block of the last prompt token are cached
-        (`take_cached_prefix`), so at least that block travels."""
-        self.scheduler.take_cached_prefix(request)
-        needed = blocks_for(request.num_prompt_tokens, self.config.block_size)
-        fresh = self.scheduler.block_pool.allocate(needed - len(request.block_ids))
-        if fresh is None:
-            self._give_back(request)
+    def _post_receive(self, reservation: _Reservation) -> bool:
+        """A granted reservation: posts the receive into the blocks its prefix cache lacks and
+        answers the caller; whether that worked (if not, the caller learns why)."""
+        request = reservation.request
+        num_cached = request.num_computed_tokens // self.config.block_size
+        try:
+            expected = self.receiver.expect(
+                request.request_id, request.block_ids[num_cached:], self.layout
+            )
+        except Exception as error:
+            reservation.granted.set_exception(error)
             return False
-        request.block_ids.extend(fresh)
+        descriptor = dataclasses.replace(expected, num_cached_blocks=num_cached)
+        reservation.descriptor = descriptor
+        reservation.since = time.monotonic()
+        self._reserved[request.request_id] = reservation
+        reservation.granted.set_result(descriptor)
         return True
-
-    def _give_back(self, request: Request) -> None:
-        """Drops the request's reference on each of its blocks, the last first (as the
-        scheduler frees: a prefix's tail is evicted before its head)."""
-        self.scheduler.block_pool.free(request.block_ids[::-1])
-        request.block_ids = []
-        request.num_computed_tokens = 0
-
-    def _count_reuse(self, request: Request, num_cached: int) -> None:
-        self.num_reused_blocks += num_cached
-        self.scheduler.num_prefix_query_tokens += request.num_prompt_tokens
-        self.scheduler.num_prefix_hit_tokens += num_cached * self.config.block_size
 
     @property
     def saved_kv_bytes(self) -> int:
         """KV bytes that did not travel because this worker held the blocks already."""
-        return self.num_reused_blocks * int(self.layout.block_nbytes)
+        return self.scheduler.kv_manager.num_reused_blocks * int(self.layout.block_nbytes)
 
     def _admit(self, reservation: _Reservation) -> TokenDelta:
         request = reservation.request
         assert reservation.first_token is not None  # only started reservations are polled
         del self._reserved[request.request_id]
         self.receiver.cancel(request.request_id)  # forgets the finished transfer
-        # Registers the prompt's full blocks: later reservations sharing the prefix reuse them.
-        self.scheduler.record_computed(
-            request, request.num_prompt_tokens - request.num_computed_tokens
-        )
+        self._queued.kv_landed(request)
         self._seed_generator(request)
         self.requests[request.request_id] = request
         self._detokenizers[request.request_id] = self._new_detokenizer(request.params)

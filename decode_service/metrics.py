@@ -30,8 +30,8 @@ TOKENS = Counter("pdserve_decode_generated_tokens_total", "Tokens streamed by th
 def register_engine_gauges(engine: DecodeEngine) -> None:
     """Gauges read at scrape time (plain int reads of engine state; a scrape never blocks it)."""
     register_prefix_cache_gauges("decode", engine)
-    pool = engine.scheduler.block_pool
-    swap_pool = engine.scheduler.swap_pool
+    kv_manager = engine.scheduler.kv_manager
+    pool, swap_pool = kv_manager.block_pool, kv_manager.swap_pool
     receiver = engine.receiver
     Gauge("pdserve_decode_waiting_requests", "Reserved or queued, not yet decoding").set_function(
         lambda: engine.load()[0]
@@ -61,7 +61,7 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     Gauge(
         "pdserve_decode_kv_reused_blocks",
         "Prompt blocks reservations found in this worker's prefix cache (not transferred)",
-    ).set_function(lambda: engine.num_reused_blocks)
+    ).set_function(lambda: kv_manager.num_reused_blocks)
     Gauge(
         "pdserve_decode_kv_saved_bytes",
         "KV bytes not transferred because this worker held the prompt's leading blocks",

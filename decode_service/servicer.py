@@ -124,7 +124,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         async with grpc_errors(context):
             engine = self.runtime.engine(DecodeEngine)
             waiting, running = engine.load()
-            pool = engine.scheduler.block_pool
+            pool = engine.scheduler.kv_manager.block_pool
             return common_pb2.LoadResponse(
                 num_waiting=waiting,
                 num_running=running,

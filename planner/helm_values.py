@@ -6,7 +6,9 @@ minReplicas is the plan at the target rate; maxReplicas scales it by peak / targ
 counts grow about linearly with rate once a tier is busy). Each HPA's target is the per-pod
 average the simulation saw at the target rate, rounded up: above it, the tier has more load than
 the plan was sized for. With no prefill workers (colocated) the prefill tier is off (0 replicas,
-no HPA: an HPA cannot hold a Deployment at zero).
+no HPA: an HPA cannot hold a Deployment at zero). The router gets the placement the plan simulated
+(`router.disaggThreshold`, `router.maxPrefillQueue`: its `--disagg-threshold` and
+`--max-prefill-queue`).
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ DECODE_METRIC = "pdserve_decode_running_requests"
 def helm_values(plan: Candidate, rate: float, peak_rate: float) -> dict[str, Any]:
     deployment = plan.deployment
     scale = max(peak_rate / rate, 1.0)
-    values: dict[str, Any] = {
-        "prefill": _tier(deployment.num_prefill, scale, PREFILL_METRIC, plan.prefill_load,
-                         _engine(plan, "prefill")),
-        "decode": _tier(deployment.num_decode, scale, DECODE_METRIC, plan.decode_running,
-                        _engine(plan, "decode")),
-    }  # fmt: skip
-    if deployment.num_prefill and deployment.disagg_threshold:
-        values["router"] = {"extraArgs": ["--disagg-threshold", str(deployment.disagg_threshold)]}
-    return values
+    prefill_engine, decode_engine = _engine(plan, "prefill"), _engine(plan, "decode")
+    return {
+        "router": {
+            "disaggThreshold": deployment.placement.disagg_threshold,
+            "maxPrefillQueue": deployment.placement.max_prefill_queue,
+        },
+        "prefill": _tier(
+            deployment.num_prefill, scale, PREFILL_METRIC, plan.prefill_load, prefill_engine
+        ),
+        "decode": _tier(
+            deployment.num_decode, scale, DECODE_METRIC, plan.decode_running, decode_engine
+        ),
+    }
 
 
 def _engine(plan: Candidate, tier: str) -> dict[str, int]:

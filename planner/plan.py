@@ -4,8 +4,9 @@ the SLOs at the target rate.
 Worker counts grow one at a time; at each total every prefill/decode split is tried (0 prefill is
 the colocated mode), each with a few engine settings (max_num_seqs, chunk budget) and, when it
 has prefill workers, a few disaggregation thresholds (0 and the workload's prompt-length
-quartiles). The first total with a candidate that meets both SLOs wins, and among its candidates
-the one with the lowest TTFT p90. Every candidate tried is kept for the table.
+quartiles; the prefill queue bound stays the router's default, which the plan's values carry).
+The first total with a candidate that meets both SLOs wins, and among its candidates the one with
+the lowest TTFT p90. Every candidate tried is kept for the table.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.sim_worker import Role
 from pdserve.planner.workload import TraceRequest
+from pdserve.router.placement import PlacementConfig
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ def deployments(
             for num_prefill in range(total):
                 thresholds = [0, *quartiles] if num_prefill else [0]
                 for threshold in thresholds:
-                    yield Deployment(num_prefill, total - num_prefill, engine, engine, threshold)
+                    placement = PlacementConfig(disagg_threshold=threshold)
+                    yield Deployment(num_prefill, total - num_prefill, engine, engine, placement)
 
 
 def evaluate(

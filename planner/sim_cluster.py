@@ -7,7 +7,12 @@ crosses to decode (wire + scatter from the profile) and decode admits the reques
 turn, which is when the client sees the first token. In colocated mode (no prefill workers) and,
 with a disaggregation threshold, for prompts shorter than it, the prompt goes straight to a decode
 worker and is prefilled there in chunks inside its continuous batch. That choice is made by the
-router's own rule (`router/placement.py` `place_prefill`), including `--max-prefill-queue`.
+router's own rule (`router/placement.py` `place_prefill`) with the router's own settings
+(`PlacementConfig`: `--disagg-threshold`, `--max-prefill-queue`, and their defaults).
+
+Each request's prompt is its own but for the prefix its trace line shares (`sim_worker`), so the
+workers' prefix caches hit where the real ones would, on both tiers: a decode worker's
+reservation takes the cached prefix and prefill neither gathers nor sends those blocks.
 """
 
 from __future__ import annotations
@@ -18,12 +23,18 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
-from pdserve.core.scheduler import Scheduler, blocks_for
+from pdserve.core.scheduler import Scheduler
 from pdserve.planner.profile import Profile
 from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PrefillPlace, PrefillTierState, place_prefill
+from pdserve.router.placement import (
+    PlacementConfig,
+    PrefillPlace,
+    PrefillTierState,
+    place_prefill,
+)
 
 
 @dataclass(frozen=True)
@@ -32,9 +43,7 @@ class Deployment:
     num_decode: int
     prefill_config: EngineConfig = field(default_factory=EngineConfig)
     decode_config: EngineConfig = field(default_factory=EngineConfig)
-    disagg_threshold: int = 0  # prompts shorter than this are prefilled on decode; 0: none are
-    # Prefill calls in flight per prefill worker at which long prompts go to decode too; 0: never.
-    max_prefill_queue: int = 0
+    placement: PlacementConfig = field(default_factory=PlacementConfig)  # the router's rule
     # Fraction of the profiled device each worker of a tier gets: 0.5 for two workers pinned to
     # one core (both busy, each at half speed), as the 2-core validation runs are.
     prefill_share: float = 1.0
@@ -45,21 +54,17 @@ class Deployment:
             raise ValueError(f"prefill: must be >= 0, got {self.num_prefill}")
         if self.num_decode < 1:
             raise ValueError(f"decode: must be >= 1, got {self.num_decode}")
-        for name in ("disagg_threshold", "max_prefill_queue"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
     @property
     def name(self) -> str:
-        threshold = (
-            f" T{self.disagg_threshold}" if self.disagg_threshold and self.num_prefill else ""
-        )
-        return f"{self.num_prefill}P{self.num_decode}D{threshold}"
+        threshold = self.placement.disagg_threshold if self.num_prefill else 0
+        return f"{self.num_prefill}P{self.num_decode}D" + (f" T{threshold}" if threshold else "")
 
-    def placement(self, prompt_tokens: int, prefill_in_flight: int) -> PrefillPlace:
+    def place(self, prompt_tokens: int, prefill_in_flight: int) -> PrefillPlace:
         tier = PrefillTierState(self.num_prefill, prefill_in_flight)
+        placement = self.placement
         return place_prefill(
-            prompt_tokens, self.disagg_threshold, self.max_prefill_queue, tier
+            prompt_tokens, placement.disagg_threshold, placement.max_prefill_queue, tier
         ).place
 
 
@@ -70,6 +75,9 @@ class SimResult:
     num_steps: int
     num_preemptions: int
     end_s: float  # when the last event happened
+    # Prompt tokens looked up in the workers' prefix caches (both tiers), and those found there.
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 class ClusterSim:
@@ -85,15 +93,29 @@ class ClusterSim:
         self._order = itertools.count()
         self.now = 0.0
         self.prefill = [
-            SimWorker(f"prefill-{i}", Role.PREFILL, deployment.prefill_config, profile, self.at,
-                      scheduler_class, deployment.prefill_share)
+            SimWorker(
+                f"prefill-{i}",
+                Role.PREFILL,
+                deployment.prefill_config,
+                profile,
+                self.at,
+                scheduler_class,
+                deployment.prefill_share,
+            )
             for i in range(deployment.num_prefill)
-        ]  # fmt: skip
+        ]
         self.decode = [
-            SimWorker(f"decode-{i}", Role.DECODE, deployment.decode_config, profile, self.at,
-                      scheduler_class, deployment.decode_share)
+            SimWorker(
+                f"decode-{i}",
+                Role.DECODE,
+                deployment.decode_config,
+                profile,
+                self.at,
+                scheduler_class,
+                deployment.decode_share,
+            )
             for i in range(deployment.num_decode)
-        ]  # fmt: skip
+        ]
         for worker in self.prefill:
             worker.on_prefilled = self._prefilled
         self._decode_of: dict[str, SimWorker] = {}
@@ -104,10 +126,8 @@ class ClusterSim:
         heapq.heappush(self._events, (time, next(self._order), action))
 
     def run(self, requests: Sequence[TraceRequest]) -> SimResult:
-        journeys = [
-            Journey(index, r.arrival_s, r.prompt_tokens, r.output_tokens)
-            for index, r in enumerate(sorted(requests, key=lambda r: r.arrival_s))
-        ]
+        ordered = sorted(requests, key=lambda r: r.arrival_s)
+        journeys = [Journey.of(index, request) for index, request in enumerate(ordered)]
         for journey in journeys:
             self.at(journey.arrival_s, functools.partial(self._arrive, journey))
         while self._events:
@@ -120,11 +140,13 @@ class ClusterSim:
             num_steps=sum(w.num_steps for w in workers),
             num_preemptions=sum(w.scheduler.num_preemptions for w in workers),
             end_s=self.now,
+            prefix_query_tokens=sum(w.kv_manager.num_prefix_query_tokens for w in workers),
+            prefix_hit_tokens=sum(w.kv_manager.num_prefix_hit_tokens for w in workers),
         )
 
     def _arrive(self, journey: Journey, now: float) -> None:
         decode = self._least_loaded(self.decode)
-        place = self.deployment.placement(journey.prompt_tokens, self._prefill_in_flight)
+        place = self.deployment.place(journey.prompt_tokens, self._prefill_in_flight)
         if place is PrefillPlace.LOCAL:
             decode.add_prompt(now, journey, lambda at: None)
         else:
@@ -141,7 +163,8 @@ class ClusterSim:
     def _prefilled(self, journey: Journey, now: float) -> None:
         decode = self._decode_of.pop(journey.request_id)
         num_blocks = blocks_for(journey.prompt_tokens, self.deployment.decode_config.block_size)
-        landed = now + self.profile.blocks.delivery_s(num_blocks)
+        sent = num_blocks - journey.num_cached_blocks  # decode's prefix cache held the rest
+        landed = now + self.profile.blocks.delivery_s(sent)
         self.at(landed, lambda at: self._answered(decode, journey, at))
 
     def _answered(self, decode: SimWorker, journey: Journey, now: float) -> None:

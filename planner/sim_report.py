@@ -33,6 +33,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "ttft_mean": sum(ttft) / len(ttft) if ttft else 0.0,
         "steps": result.num_steps,
         "preemptions": result.num_preemptions,
+        # Prompt tokens looked up in the workers' prefix caches (both tiers) and found there.
+        "prefix_query_tokens": result.prefix_query_tokens,
+        "prefix_hit_tokens": result.prefix_hit_tokens,
     }
     for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         summary.update(_percentiles(name, values))
@@ -60,7 +63,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         values = ", ".join(f"p{p} {summary[f'{name}_p{p}'] * 1e3:.1f} ms" for p in PERCENTS)
         lines.append(f"{name.upper():5} {values}")
     lines.append(
-        f"KV used at most {summary['kv_used_max']:.0%}, longest queue {summary['queue_max']}"
+        f"KV used at most {summary['kv_used_max']:.0%}, longest queue {summary['queue_max']}, "
+        f"prefix caches held {summary['prefix_hit_tokens']} of "
+        f"{summary['prefix_query_tokens']} prompt tokens looked up"
     )
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
-"""One simulated engine: pdserve's real `Scheduler` and block pools over a model whose step time
-comes from the profile.
+"""One simulated engine: pdserve's real `Scheduler`, KV-cache manager and reservation queue over a
+model whose step time comes from the profile.
 
 The worker runs the loop a real worker's `EngineLoop` runs: between steps it takes the commands
 that arrived during the step (new prompts, decode reservations, KV hand-offs), polls its background
@@ -8,20 +8,28 @@ step, whose end is an event `profile.step_seconds(shape)` later. At the step's e
 `LLMEngine.step`, every scheduled request catches up by its tokens and each that caught up gets one
 token. A prefill worker's request ends at its first token (its KV ships); a decode worker's at its
 output length.
+
+Everything that decides (scheduling, blocks, prefix cache, the reservation queue) is the engine's
+own code from `core/`; this module only moves time and tokens. Prompts are made of token ids that
+no other prompt has (`prompt_token_ids`) except for the prefix a request shares by its trace's
+`prefix_id`, so prefix caches hit exactly where the workload says prompts repeat.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
+from pdserve.core.kv_cache_manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus
+from pdserve.core.reservation_queue import ReservationQueue
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
+from pdserve.core.scheduler import Scheduler, SchedulerOutput
 from pdserve.planner.profile import Profile, StepShape
+from pdserve.planner.workload import TraceRequest
 
 Schedule = Callable[[float, Callable[[float], None]], None]  # (at, action(now))
 
@@ -39,11 +47,41 @@ class Journey:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    prefix_id: int | None = None  # requests with the same one share their first prefix_tokens
+    prefix_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
+    num_cached_blocks: int = 0  # decode held these at Reserve: prefill gathers and sends the rest
+
+    @classmethod
+    def of(cls, index: int, request: TraceRequest) -> Journey:
+        return cls(
+            index,
+            request.arrival_s,
+            request.prompt_tokens,
+            request.output_tokens,
+            request.prefix_id,
+            request.prefix_tokens,
+        )
 
     @property
     def request_id(self) -> str:
         return str(self.index)
+
+
+# Far apart, so that no two runs of ids overlap: a request's own tokens count up from
+# (index + 1) * SPACING, a shared prefix's from -(prefix_id + 1) * SPACING.
+SPACING = 1 << 32
+
+
+def prompt_token_ids(journey: Journey) -> list[int]:
+    """The journey's prompt: its prefix group's tokens, then tokens no other prompt has. They are
+    not a model's token ids: the simulator only hashes them into prefix-cache blocks."""
+    own_start = (journey.index + 1) * SPACING
+    own = range(own_start, own_start + journey.prompt_tokens - journey.prefix_tokens)
+    if journey.prefix_id is None:
+        return list(own)
+    prefix_start = -(journey.prefix_id + 1) * SPACING
+    return [*range(prefix_start, prefix_start + journey.prefix_tokens), *own]
 
 
 @dataclass(frozen=True)
@@ -56,6 +94,12 @@ class Chunk:
     @property
     def completes(self) -> bool:
         return self.start + self.num_new == self.num_tokens
+
+
+@dataclass(frozen=True)
+class _Reservation:
+    request: Request
+    granted: Callable[[float], None]  # the router's callback: the reservation stands
 
 
 @dataclass(frozen=True)
@@ -81,15 +125,15 @@ class SimWorker:
     ) -> None:
         self.name, self.role, self.config, self.profile = name, role, config, profile
         self.scheduler = scheduler_class(config)
+        self.kv_manager: KVCacheManager = self.scheduler.kv_manager
         self._at = at
         self._share = share  # of the profiled device: step times are divided by it
         self.journeys: dict[str, Journey] = {}
         self.requests: dict[str, Request] = {}
         self._commands: list[Callable[[float], None]] = []
-        self._reservations: deque[Request] = deque()  # decode: waiting for blocks
+        self._reservations = ReservationQueue[_Reservation](self.scheduler)  # decode: no blocks
         self._reserved: dict[str, Request] = {}  # decode: blocks held, KV not yet here
         self._landed: list[str] = []  # decode: KV here, admitted at the next loop turn
-        self._grants: dict[str, Callable[[float], None]] = {}  # reservation -> router's callback
         self._busy = False
         self._turn_pending = False
         self.num_steps = 0
@@ -117,7 +161,7 @@ class SimWorker:
 
     def load(self) -> tuple[int, int, float]:
         """The router's least-loaded key: (queued, running, KV fraction in use)."""
-        pool = self.scheduler.block_pool
+        pool = self.kv_manager.block_pool
         queued = len(self._reservations) + len(self._reserved) + len(self.scheduler.waiting)
         running = len(self.scheduler.running) + len(self.scheduler.swapped)
         return queued, running, pool.num_used / pool.num_blocks
@@ -137,7 +181,7 @@ class SimWorker:
         commands, self._commands = self._commands, []
         for command in commands:
             command(now)
-        self._grant_reservations(now)
+        self._reservations.grant(lambda reservation: self._granted(reservation, now))
         for request_id in self._landed:
             self._admit(request_id, now)
         self._landed = []
@@ -149,21 +193,27 @@ class SimWorker:
         if self.record_outputs:
             self.outputs.append(output)
         chunks = [
-            Chunk(self.requests[rid], self.requests[rid].num_computed_tokens, n,
-                  self.requests[rid].num_tokens)
-            for rid, n in output.num_scheduled_tokens.items()
-        ]  # fmt: skip
+            self._chunk(self.requests[rid], n) for rid, n in output.num_scheduled_tokens.items()
+        ]
         shape = StepShape.of([(chunk.start, chunk.num_new) for chunk in chunks])
         seconds = self.profile.step_seconds(shape, len(output.swap_out) + len(output.swap_in))
         if self.role is Role.PREFILL:  # the KV of finished prompts is gathered on this thread
-            shipped = sum(blocks_for(c.num_tokens, self.config.block_size) for c in chunks
-                          if c.completes)  # fmt: skip
+            shipped = sum(self._blocks_to_send(c.request) for c in chunks if c.completes)
             seconds += shipped * self.profile.blocks.gather_s
         seconds /= self._share
         self._record_usage(now)
         self._busy = True
         self.num_steps += 1
         self._at(now + seconds, lambda end: self._end_step(chunks, end))
+
+    @staticmethod
+    def _chunk(request: Request, num_new: int) -> Chunk:
+        return Chunk(request, request.num_computed_tokens, num_new, request.num_tokens)
+
+    def _blocks_to_send(self, request: Request) -> int:
+        """A prefilled prompt's blocks but those its decode worker holds already."""
+        journey = self.journeys[request.request_id]
+        return blocks_for(request.num_tokens, self.config.block_size) - journey.num_cached_blocks
 
     def _end_step(self, chunks: list[Chunk], now: float) -> None:
         for chunk in chunks:
@@ -183,35 +233,28 @@ class SimWorker:
 
     def _new_request(self, journey: Journey) -> Request:
         params = SamplingParams(max_tokens=journey.output_tokens, ignore_eos=True)
-        request = Request(journey.request_id, [0] * journey.prompt_tokens, params,
-                          journey.index, journey.arrival_s)  # fmt: skip
+        prompt = prompt_token_ids(journey)
+        request = Request(journey.request_id, prompt, params, journey.index, journey.arrival_s)
         self.journeys[journey.request_id] = journey
         self.requests[journey.request_id] = request
         return request
 
     def _queue_reservation(self, journey: Journey, granted: Callable[[float], None]) -> None:
-        request = self._new_request(journey)
-        self._reservations.append(request)
-        self._grants[request.request_id] = granted
+        self._reservations.append(_Reservation(self._new_request(journey), granted))
 
-    def _grant_reservations(self, now: float) -> None:
-        """As DecodeEngine._grant_queued: preempted requests go first, then these in order."""
-        while self._reservations and not (self.scheduler.swapped or self.scheduler.waiting):
-            request = self._reservations[0]
-            needed = blocks_for(request.num_prompt_tokens, self.config.block_size)
-            block_ids = self.scheduler.block_pool.allocate(needed)
-            if block_ids is None:
-                return
-            self._reservations.popleft()
-            request.block_ids = block_ids
-            request.status = RequestStatus.WAITING_FOR_KV
-            self._reserved[request.request_id] = request
-            self._grants.pop(request.request_id)(now)
+    def _granted(self, reservation: _Reservation, now: float) -> bool:
+        """As DecodeEngine's posted receive: the blocks are held; the router hears at once."""
+        request = reservation.request
+        num_cached = request.num_computed_tokens // self.config.block_size
+        self.journeys[request.request_id].num_cached_blocks = num_cached
+        self._reserved[request.request_id] = request
+        reservation.granted(now)
+        return True
 
     def _admit(self, request_id: str, now: float) -> None:
         """As DecodeEngine._admit: the prompt is computed; prefill's token is the first output."""
         request = self._reserved.pop(request_id)
-        request.num_computed_tokens = request.num_prompt_tokens
+        self._reservations.kv_landed(request)
         self._append_token(request, now)
         if request.request_id in self.requests:
             self.scheduler.add(request)

@@ -18,6 +18,9 @@ from pdserve.planner.profile import Profile, ProfileError, load_profile
 from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.sim_report import format_summary, plot, summarize
 from pdserve.planner.workload import Workload, WorkloadSpecError, load_spec, requests_of
+from pdserve.router.placement import PlacementConfig
+
+PLACEMENT_DEFAULTS = PlacementConfig()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,13 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", type=int, default=1, help="prefill workers (0: colocated)")
     parser.add_argument("--decode", type=int, default=1, help="decode workers")
     parser.add_argument(
-        "--disagg-threshold", type=int, default=0,
-        help="prompts shorter than this many tokens are prefilled on decode (0: none)",
-    )  # fmt: skip
+        "--disagg-threshold",
+        type=int,
+        default=PLACEMENT_DEFAULTS.disagg_threshold,
+        help="prompts shorter than this many tokens are prefilled on decode (0: none), as the "
+        "router's flag",
+    )
     parser.add_argument(
-        "--max-prefill-queue", type=int, default=0,
-        help="prefill calls in flight per prefill worker at which long prompts go to decode too",
-    )  # fmt: skip
+        "--max-prefill-queue",
+        type=int,
+        default=PLACEMENT_DEFAULTS.max_prefill_queue,
+        help="prefill calls in flight per prefill worker at which long prompts go to decode too "
+        "(0: never), as the router's flag (same default)",
+    )
     parser.add_argument(
         "--json", action="store_true", help="one JSON object (lines with --validate)"
     )
@@ -57,10 +66,8 @@ def run(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
         workload = load_spec(args.workload)
         engine = engine_config_from_args(args)
-        deployment = Deployment(
-            args.prefill, args.decode, engine, engine, args.disagg_threshold,
-            args.max_prefill_queue,
-        )  # fmt: skip
+        placement = PlacementConfig(args.disagg_threshold, args.max_prefill_queue)
+        deployment = Deployment(args.prefill, args.decode, engine, engine, placement)
     except (ProfileError, WorkloadSpecError, ValueError) as error:
         print(f"pdserve simulate: {error}", file=sys.stderr)
         return 2

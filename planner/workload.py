@@ -6,13 +6,18 @@ Poisson: `{"rate": 2.0, "duration_s": 600, "prompt_tokens": {"min": 10, "max": 1
 `"seed"` (default 0) so that every command given the same SPEC sees the same requests.
 A file whose first non-blank character is `{` and that parses as one JSON object is a Poisson
 SPEC; anything else is read as JSONL.
+
+Prompts are distinct unless the workload says otherwise: a trace line may add `"prefix_id": 3,
+"prefix_tokens": 64` (requests with the same prefix_id share their first prefix_tokens tokens),
+and a Poisson SPEC `"shared_prefix": {"groups": 4, "tokens": 64}` (each request joins one of 4
+prefixes, drawn uniformly, sharing up to 64 leading tokens with that group).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,19 @@ class TraceRequest:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    # Requests with the same prefix_id share their first prefix_tokens prompt tokens; the rest of
+    # every prompt is its own. None: the whole prompt is its own.
+    prefix_id: int | None = None
+    prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.prefix_id is None) != (self.prefix_tokens == 0):
+            raise WorkloadSpecError("prefix_id, prefix_tokens: give both or neither")
+        if self.prefix_tokens > self.prompt_tokens:
+            raise WorkloadSpecError(
+                f"prefix_tokens: must not exceed prompt_tokens ({self.prompt_tokens}), "
+                f"got {self.prefix_tokens}"
+            )
 
 
 @dataclass(frozen=True)
@@ -38,26 +56,45 @@ class TokenRange:
 
 
 @dataclass(frozen=True)
+class SharedPrefix:
+    """Each request shares its leading `tokens` tokens (all of a shorter prompt) with the other
+    requests of one of `groups` prefixes, drawn uniformly."""
+
+    groups: int
+    tokens: int
+
+    def draw(self, rng: random.Random, prompt_tokens: int) -> tuple[int, int]:
+        """(prefix_id, prefix_tokens) of one request."""
+        return rng.randrange(self.groups), min(self.tokens, prompt_tokens)
+
+
+@dataclass(frozen=True)
 class PoissonSpec:
     rate: float
     duration_s: float
     prompt_tokens: TokenRange
     output_tokens: TokenRange
     seed: int = 0
+    shared_prefix: SharedPrefix | None = None
 
     def requests(self) -> list[TraceRequest]:
-        """Exponential gaps at `rate` until `duration_s`; lengths drawn uniformly."""
+        """Exponential gaps at `rate` until `duration_s`; lengths drawn uniformly. Prefixes come
+        from a generator of their own, so adding `shared_prefix` to a SPEC keeps its requests'
+        arrivals and lengths."""
         rng = random.Random(self.seed)
+        prefix_rng = random.Random(f"shared_prefix:{self.seed}")
         requests: list[TraceRequest] = []
         now = rng.expovariate(self.rate)
         while now < self.duration_s:
             prompt, output = self.prompt_tokens.draw(rng), self.output_tokens.draw(rng)
-            requests.append(TraceRequest(now, prompt, output))
+            shared = self.shared_prefix
+            prefix = shared.draw(prefix_rng, prompt) if shared is not None else (None, 0)
+            requests.append(TraceRequest(now, prompt, output, *prefix))
             now += rng.expovariate(self.rate)
         return requests
 
     def with_rate(self, rate: float) -> PoissonSpec:
-        return PoissonSpec(rate, self.duration_s, self.prompt_tokens, self.output_tokens, self.seed)
+        return replace(self, rate=rate)
 
 
 Workload = PoissonSpec | tuple[TraceRequest, ...]
@@ -87,7 +124,7 @@ def requests_of(workload: Workload) -> list[TraceRequest]:
 
 
 def parse_poisson(data: dict[str, Any]) -> PoissonSpec:
-    known = {"rate", "duration_s", "prompt_tokens", "output_tokens", "seed"}
+    known = {"rate", "duration_s", "prompt_tokens", "output_tokens", "seed", "shared_prefix"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise WorkloadSpecError(f"{unknown[0]}: unknown key (known: {sorted(known)})")
@@ -96,12 +133,14 @@ def parse_poisson(data: dict[str, Any]) -> PoissonSpec:
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise WorkloadSpecError("seed: must be an integer")
+    prefix = data.get("shared_prefix")
     return PoissonSpec(
         rate,
         duration,
         token_range(data.get("prompt_tokens"), "prompt_tokens"),
         token_range(data.get("output_tokens"), "output_tokens"),
         seed,
+        None if prefix is None else shared_prefix(prefix, "shared_prefix"),
     )
 
 
@@ -123,15 +162,27 @@ def parse_trace(text: str, source: str) -> tuple[TraceRequest, ...]:
     return tuple(sorted(requests, key=lambda request: request.arrival_s))
 
 
+TRACE_KEYS = ("arrival_s", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens")
+
+
 def _trace_request(item: dict[str, Any], where: str) -> TraceRequest:
+    unknown = sorted(set(item) - set(TRACE_KEYS))
+    if unknown:
+        raise WorkloadSpecError(f"{unknown[0]}: unknown key (known: {list(TRACE_KEYS)}) ({where})")
     arrival = item.get("arrival_s")
     if isinstance(arrival, bool) or not isinstance(arrival, int | float) or arrival < 0:
         raise WorkloadSpecError(f"arrival_s: must be a number >= 0 ({where})")
-    return TraceRequest(
-        float(arrival),
-        _count(item.get("prompt_tokens"), "prompt_tokens", where),
-        _count(item.get("output_tokens"), "output_tokens", where),
-    )
+    prompt = _count(item.get("prompt_tokens"), "prompt_tokens", where)
+    output = _count(item.get("output_tokens"), "output_tokens", where)
+    prefix_id, prefix_tokens = item.get("prefix_id"), item.get("prefix_tokens")
+    if prefix_id is None and prefix_tokens is None:
+        return TraceRequest(float(arrival), prompt, output)
+    if isinstance(prefix_id, bool) or not isinstance(prefix_id, int) or prefix_id < 0:
+        raise WorkloadSpecError(f"prefix_id: must be an integer >= 0, got {prefix_id!r} ({where})")
+    prefix_tokens = _count(prefix_tokens, "prefix_tokens", where)
+    if prefix_tokens > prompt:
+        raise WorkloadSpecError(f"prefix_tokens: must not exceed prompt_tokens ({where})")
+    return TraceRequest(float(arrival), prompt, output, prefix_id, prefix_tokens)
 
 
 def _positive_number(data: dict[str, Any], name: str) -> float:
@@ -151,6 +202,15 @@ def token_range(value: Any, name: str) -> TokenRange:
     if low > high:
         raise WorkloadSpecError(f"{name}: min ({low}) must not exceed max ({high})")
     return TokenRange(low, high)
+
+
+def shared_prefix(value: Any, name: str) -> SharedPrefix:
+    """`{"groups": G, "tokens": T}` (whole numbers >= 1) as a SharedPrefix; the error names
+    `name`. Shared by every workload file that asks for shared prefixes."""
+    if not isinstance(value, dict) or set(value) != {"groups", "tokens"}:
+        raise WorkloadSpecError(f'{name}: must be {{"groups": G, "tokens": T}}, got {value!r}')
+    groups = _count(value["groups"], f"{name}.groups", "spec")
+    return SharedPrefix(groups, _count(value["tokens"], f"{name}.tokens", "spec"))
 
 
 def _count(value: object, name: str, where: str) -> int:

@@ -26,7 +26,7 @@ PROMPT_TOKENS = Counter("pdserve_prefill_prompt_tokens_total", "Prompt tokens pr
 def register_engine_gauges(engine: PrefillEngine) -> None:
     """Gauges read at scrape time (plain reads of engine state; a scrape never blocks it)."""
     register_prefix_cache_gauges("prefill", engine)
-    pool = engine.scheduler.block_pool
+    pool = engine.scheduler.kv_manager.block_pool
     Gauge("pdserve_prefill_queue_depth", "Prompts accepted and not yet shipped").set_function(
         engine.queue_depth
     )

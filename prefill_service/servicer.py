@@ -55,7 +55,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
             engine = self.runtime.engine(PrefillEngine)
-            pool = engine.scheduler.block_pool
+            pool = engine.scheduler.kv_manager.block_pool
             return common_pb2.LoadResponse(
                 num_waiting=len(engine.scheduler.waiting),
                 num_running=len(engine.scheduler.running),

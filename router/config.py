@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.core.serving.tls import ChannelTls
+from pdserve.router.placement import PlacementConfig
 from pdserve.router.policy import RoutingPolicy
+
+_PLACEMENT_DEFAULTS = PlacementConfig()
 
 
 class Tier(enum.Enum):
@@ -55,12 +58,10 @@ class RouterConfig:
     caps: RequestCaps = field(default_factory=RequestCaps)
     # Reported by Info until a decode worker's reservation tells the real one.
     block_size: int = 16
-    # Prompts shorter than this many tokens are prefilled on their decode worker (placement.py);
-    # 0 = always on the prefill tier (when it has a healthy worker).
-    disagg_threshold: int = 0
-    # Prefill calls in flight per healthy prefill worker at which the tier counts as saturated
-    # and long prompts too are prefilled locally (with a threshold > 0); 0 = never saturated.
-    max_prefill_queue: int = 4
+    # Where prompts are prefilled: the two settings of `placement.PlacementConfig` (see
+    # `placement`), flat here because each is a flag of its own.
+    disagg_threshold: int = _PLACEMENT_DEFAULTS.disagg_threshold
+    max_prefill_queue: int = _PLACEMENT_DEFAULTS.max_prefill_queue
     # How a worker is chosen in each tier: least loaded, or the one whose recent prompts share
     # the most leading blocks with this one, within a load bound (policy.py `prefix_choice`).
     routing_policy: RoutingPolicy = RoutingPolicy.LEAST_LOADED
@@ -84,11 +85,15 @@ class RouterConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{_flag(name)}: must be > 0, got {getattr(self, name)}")
-        for name in ("disagg_threshold", "max_prefill_queue", "max_migrations"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{_flag(name)}: must be >= 0, got {getattr(self, name)}")
+        if self.max_migrations < 0:
+            raise ValueError(f"--max-migrations: must be >= 0, got {self.max_migrations}")
+        PlacementConfig(self.disagg_threshold, self.max_prefill_queue)  # checks both flags
         if not 0 <= self.http_port <= 65535:
             raise ValueError(f"--http-port: must be in [0, 65535], got {self.http_port}")
+
+    @property
+    def placement(self) -> PlacementConfig:
+        return PlacementConfig(self.disagg_threshold, self.max_prefill_queue)
 
 
 def _flag(field: str) -> str:

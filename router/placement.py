@@ -9,6 +9,10 @@ worker that will generate it (colocated), decided per request, as Dynamo's and l
     otherwise                              -> remote
 
 A huge threshold makes every prompt local: a colocated deployment with the same binaries.
+
+`PlacementConfig` holds the rule's two settings, with the router's defaults: the router builds it
+from `--disagg-threshold` and `--max-prefill-queue`, the planner's simulator places with it, and
+`pdserve plan` writes it into the chart's values, which hand it to the router as those flags.
 """
 
 from __future__ import annotations
@@ -34,6 +38,22 @@ class PlacementReason(enum.Enum):
 class Placement:
     place: PrefillPlace
     reason: PlacementReason
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    # Prompts shorter than this many tokens are prefilled on their decode worker; 0 = always on
+    # the prefill tier (when it has a healthy worker).
+    disagg_threshold: int = 0
+    # Prefill calls in flight per healthy prefill worker at which the tier counts as saturated
+    # and long prompts too are prefilled locally (with a threshold > 0); 0 = never saturated.
+    max_prefill_queue: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("disagg_threshold", "max_prefill_queue"):
+            if getattr(self, name) < 0:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag}: must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,15 @@ from pdserve.core.engine import LLMEngine
 
 
 def register_prefix_cache_gauges(tier: str, engine: LLMEngine) -> None:
-    """Gauges read at scrape time: plain int reads of the scheduler and its block pool."""
-    scheduler = engine.scheduler
-    pool = scheduler.block_pool
+    """Gauges read at scrape time: plain int reads of the KV-cache manager and its block pool."""
+    kv_manager = engine.scheduler.kv_manager
+    pool = kv_manager.block_pool
     prefix = f"pdserve_{tier}_prefix_cache"
     Gauge(f"{prefix}_hit_rate", "Share of admitted tokens found cached (0..1)").set_function(
-        lambda: scheduler.num_prefix_hit_tokens / max(scheduler.num_prefix_query_tokens, 1)
+        lambda: kv_manager.num_prefix_hit_tokens / max(kv_manager.num_prefix_query_tokens, 1)
     )
     Gauge(f"{prefix}_hit_tokens", "Admitted tokens whose KV was cached").set_function(
-        lambda: scheduler.num_prefix_hit_tokens
+        lambda: kv_manager.num_prefix_hit_tokens
     )
     Gauge(f"{prefix}_blocks", "Blocks holding a reusable prefix").set_function(
         lambda: pool.num_cached_blocks

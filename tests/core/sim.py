@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
+from pdserve.core.scheduler import Scheduler, SchedulerOutput
 
 SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written
 SHARED_TOKEN = 10**6  # prompts' shared prefixes are made of these, own tokens of order * 1000 + i

@@ -61,7 +61,10 @@ class Tiers:
         return self.finish(request_id, destination, first), destination.num_cached_blocks, sent
 
     def all_free(self) -> bool:
-        pools = (self.prefill.scheduler.block_pool, self.decode.scheduler.block_pool)
+        pools = (
+            self.prefill.scheduler.kv_manager.block_pool,
+            self.decode.scheduler.kv_manager.block_pool,
+        )
         return all(pool.num_free == pool.num_blocks for pool in pools)
 
 
@@ -112,7 +115,7 @@ def test_a_block_aligned_prompt_still_sends_its_last_block(
 def test_aborts_release_cached_blocks_without_freeing_a_holders(
     tiers: Tiers, shared_prompts: list[list[int]]
 ) -> None:
-    pool = tiers.decode.scheduler.block_pool
+    pool = tiers.decode.scheduler.kv_manager.block_pool
     prompt = shared_prompts[8]
     tiers.generate("warm", prompt)
     cached = (len(prompt) - 1) // BLOCK  # every full block but the last prompt token's

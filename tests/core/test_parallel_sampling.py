@@ -83,7 +83,7 @@ def test_abort_of_an_n_request_frees_every_shared_block(
     llm.engine.add_request(prompts[5], _sampled(4), "one")
     for _ in range(4):  # past the fork: the samples hold shared blocks
         llm.engine.step()
-    assert llm.engine.scheduler.block_pool.num_used > 0
+    assert llm.engine.scheduler.kv_manager.block_pool.num_used > 0
     llm.engine.abort("many")
     llm.engine.abort("one")
     assert_engine_empty(llm)

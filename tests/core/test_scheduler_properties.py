@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pdserve.core.block_pool import BlockPool
+from pdserve.core.block_pool import BlockPool, blocks_for
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.scheduler import Scheduler, blocks_for
+from pdserve.core.scheduler import Scheduler
 from pdserve.core.static_scheduler import StaticScheduler
 from tests.core.sim import Arrival, Simulation, StepRecord
 
@@ -167,10 +167,12 @@ def check_state(sim: Simulation) -> None:
     for request in scheduler.running:
         assert len(set(request.block_ids)) == len(request.block_ids), "a block twice in one table"
     device_ids = [block for request in scheduler.running for block in request.block_ids]
-    check_owned(scheduler.block_pool, device_ids)
+    check_owned(scheduler.kv_manager.block_pool, device_ids)
     swap_ids = [block for request in scheduler.swapped for block in request.swap_block_ids]
     # Blocks read by this step's swap-ins stay owned until the next schedule() frees them.
-    check_owned(scheduler.swap_pool, swap_ids + scheduler._deferred_swap_frees)
+    check_owned(
+        scheduler.kv_manager.swap_pool, swap_ids + list(scheduler.kv_manager.swapped_in_blocks)
+    )
     if not config.enable_prefix_caching and all(arrival.n == 1 for arrival in sim.arrivals):
         assert len(set(device_ids)) == len(device_ids), "blocks shared with nothing to share"
 
@@ -196,8 +198,8 @@ def label_paths(sim: Simulation) -> None:
         "recompute": scheduler.num_preemptions > scheduler.num_swaps_out,
         "swap-in": any(record.output.swap_in for record in sim.steps),
         "abort": any(f.status is RequestStatus.FINISHED_ABORTED for f in sim.finished.values()),
-        "prefix hit": scheduler.num_prefix_hit_tokens > 0,
-        "eviction": scheduler.block_pool.num_evictions > 0,
+        "prefix hit": scheduler.kv_manager.num_prefix_hit_tokens > 0,
+        "eviction": scheduler.kv_manager.block_pool.num_evictions > 0,
         "copy-on-write": any(record.output.copies for record in sim.steps),
     }
     for path in (name for name, happened in reached.items() if happened):
@@ -231,10 +233,11 @@ def check_drained(sim: Simulation) -> None:
             assert finish.num_output_tokens < min(arrival.max_tokens, arrival.stop_after or 1 << 30)
     scheduler = sim.scheduler
     assert not scheduler.has_unfinished()
-    assert scheduler.block_pool.num_free == scheduler.block_pool.num_blocks
+    pools = scheduler.kv_manager
+    assert pools.block_pool.num_free == pools.block_pool.num_blocks
     last = scheduler.schedule()  # swap blocks read by the last swap-in are freed a step late
     assert last.is_empty and not last.swap_in and not last.swap_out
-    assert scheduler.swap_pool.num_free == scheduler.swap_pool.num_blocks
+    assert pools.swap_pool.num_free == pools.swap_pool.num_blocks
 
 
 @st.composite

@@ -51,4 +51,4 @@ def test_idle_scheduler_holds_no_swap_blocks() -> None:
     while sim.has_work():
         sim.step()
     assert any(record.output.swap_in for record in sim.steps)
-    assert sim.scheduler.swap_pool.num_free == config.num_swap_blocks
+    assert sim.scheduler.kv_manager.swap_pool.num_free == config.num_swap_blocks

@@ -1,5 +1,5 @@
 """`pdserve plan` writes a values file that the chart lints, renders and validates with, and
-whose replicas and HPAs are the plan's."""
+whose replicas, HPAs and placement (the router's flags) are the plan's."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pdserve.cli import main
+from pdserve.cli import build_parser, main
 from pdserve.planner.profile import BlockCosts, CostModel, Profile
+from pdserve.router.main import router_config_from_args
+from pdserve.router.placement import PlacementConfig
 
 Manifest = dict[str, Any]
 Render = Callable[[dict[str, Any], str, str], list[Manifest]]
@@ -75,3 +77,18 @@ def test_plan_values_lint_render_and_validate(
                 "target": {"type": "AverageValue", "averageValue": metric["targetAverageValue"]},
             },
         }]  # fmt: skip
+
+
+def test_plan_values_hand_the_simulated_placement_to_the_router(
+    tmp_path: Path, render: Render
+) -> None:
+    """The router's args, parsed by `pdserve router` itself, place as the plan simulated: its
+    threshold and the router's own default prefill queue bound (the simulator's too)."""
+    values = _plan(tmp_path, 0.002)
+    assert values["router"]["maxPrefillQueue"] == PlacementConfig().max_prefill_queue
+    deployments = [o for o in render(values, "demo", "ml") if o["kind"] == "Deployment"]
+    (router,) = [o for o in deployments if o["metadata"]["name"].endswith("-router")]
+    argv = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = router_config_from_args(build_parser(argv).parse_args(argv))
+    threshold = values["router"]["disaggThreshold"]
+    assert config.placement == PlacementConfig(threshold, PlacementConfig().max_prefill_queue)

@@ -15,6 +15,7 @@ from pdserve.core.static_scheduler import StaticScheduler
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.workload import TraceRequest
+from pdserve.router.placement import PlacementConfig
 from tests.planner.helpers import fixed_step_profile
 
 STEP = 0.05
@@ -109,7 +110,7 @@ def test_threshold_sends_short_prompts_to_decode() -> None:
     """With a threshold, a short prompt skips the prefill tier (its first token comes from decode's
     own step) and a long one takes it (its KV delivery shows in its TTFT)."""
     per_block = 0.01
-    deployment = Deployment(1, 1, disagg_threshold=32)
+    deployment = Deployment(1, 1, placement=PlacementConfig(disagg_threshold=32))
     short, long = _run(
         deployment,
         [TraceRequest(0.0, 20, 1), TraceRequest(10.0, 40, 1)],
@@ -123,7 +124,7 @@ def test_a_saturated_prefill_tier_sends_long_prompts_to_decode() -> None:
     """The router's rule: with one prefill call in flight per worker allowed, a long prompt that
     arrives while one is in flight is prefilled on decode."""
     per_block = 0.01
-    deployment = Deployment(1, 1, disagg_threshold=8, max_prefill_queue=1)
+    deployment = Deployment(1, 1, placement=PlacementConfig(8, max_prefill_queue=1))
     first, second = _run(
         deployment,
         [TraceRequest(0.0, 40, 1), TraceRequest(0.001, 40, 1)],
@@ -131,3 +132,42 @@ def test_a_saturated_prefill_tier_sends_long_prompts_to_decode() -> None:
     ).journeys
     assert first.token_times == pytest.approx([STEP + 3 * per_block])  # through prefill
     assert second.token_times == pytest.approx([0.001 + STEP])  # on decode
+
+
+@pytest.mark.parametrize("deployment", [Deployment(0, 1), Deployment(1, 1), Deployment(2, 2)])
+def test_distinct_prompts_never_hit_the_prefix_cache(deployment: Deployment) -> None:
+    """Every simulated prompt has tokens of its own: equal lengths, equal arrival times and a
+    cache that never evicts find nothing to reuse, on either tier."""
+    requests = [TraceRequest(0.1 * (i // 4), 64, 4) for i in range(16)]
+    result = _run(deployment, requests)
+    expected_queries = 64 * 16 * (2 if deployment.num_prefill else 1)  # prefill and decode look
+    assert (result.prefix_query_tokens, result.prefix_hit_tokens) == (expected_queries, 0)
+
+
+def test_a_shared_prefix_hits_on_both_tiers_and_skips_the_wire() -> None:
+    """Five requests one after another sharing a 40-token prefix (two full blocks and a half):
+    from the second on, prefill finds two blocks cached and so does decode's reservation, whose
+    blocks then do not travel (3 + 1 blocks of 16 tokens for 50 tokens: one crosses, not four)."""
+    per_block = 0.01
+    requests = [TraceRequest(float(i), 50, 2, prefix_id=7, prefix_tokens=40) for i in range(5)]
+    result = _run(Deployment(1, 1), requests, delivery_s_per_block=per_block)
+    assert [j.num_cached_blocks for j in result.journeys] == [0, 2, 2, 2, 2]
+    assert result.prefix_query_tokens == 2 * 5 * 50
+    assert result.prefix_hit_tokens == 2 * 4 * 32
+    first, *later = result.journeys
+    assert first.token_times[0] == pytest.approx(STEP + 4 * per_block)
+    for journey in later:
+        assert journey.token_times[0] - journey.arrival_s == pytest.approx(STEP + 2 * per_block)
+
+
+def test_requests_share_only_the_prefix_the_trace_gives_them() -> None:
+    """Same prefix id, different lengths: they share the shorter prefix; another id shares
+    nothing. Colocated, one after another: each hit is the cached blocks of the shared part."""
+    requests = [
+        TraceRequest(0.0, 60, 1, prefix_id=1, prefix_tokens=48),
+        TraceRequest(1.0, 60, 1, prefix_id=1, prefix_tokens=20),  # one block of the 48
+        TraceRequest(2.0, 60, 1, prefix_id=2, prefix_tokens=48),  # another prefix: none
+        TraceRequest(3.0, 60, 1, prefix_id=1, prefix_tokens=48),  # request 0's three blocks
+    ]
+    result = _run(Deployment(0, 1), requests)
+    assert result.prefix_hit_tokens == 16 + 0 + 48

@@ -31,6 +31,29 @@ def test_trace_lines_parse_in_arrival_order() -> None:
     assert parse_spec(text, "t") == (TraceRequest(0.12, 87, 140), TraceRequest(0.5, 8, 2))
 
 
+def test_trace_lines_may_share_a_prefix() -> None:
+    text = (
+        '{"arrival_s": 0, "prompt_tokens": 87, "output_tokens": 4, "prefix_id": 3, '
+        '"prefix_tokens": 64}\n'
+        '{"arrival_s": 1, "prompt_tokens": 8, "output_tokens": 2}\n'
+    )
+    assert parse_spec(text, "t") == (TraceRequest(0.0, 87, 4, 3, 64), TraceRequest(1.0, 8, 2))
+
+
+def test_a_poisson_shared_prefix_keeps_the_lengths_and_groups_the_prompts() -> None:
+    """The same SPEC with `shared_prefix` draws the same arrivals and lengths; each request joins
+    one of the groups, sharing up to `tokens` (all of a shorter prompt)."""
+    plain = requests_of(parse_spec(json.dumps(POISSON), "p"))
+    spec = {**POISSON, "shared_prefix": {"groups": 3, "tokens": 32}}
+    shared = requests_of(parse_spec(json.dumps(spec), "p"))
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in shared] == [
+        (r.arrival_s, r.prompt_tokens, r.output_tokens) for r in plain
+    ]
+    assert {r.prefix_id for r in shared} == {0, 1, 2}
+    assert all(r.prefix_tokens == min(32, r.prompt_tokens) for r in shared)
+    assert all(r.prefix_id is None and r.prefix_tokens == 0 for r in plain)
+
+
 def test_poisson_spec_is_seeded_and_within_its_ranges() -> None:
     spec = parse_spec(json.dumps(POISSON), "p")
     assert isinstance(spec, PoissonSpec)
@@ -51,6 +74,27 @@ def test_poisson_spec_is_seeded_and_within_its_ranges() -> None:
         (json.dumps({**POISSON, "rate": 0}), "rate"),
         (json.dumps({**POISSON, "prompt_tokens": {"min": 9, "max": 2}}), "prompt_tokens"),
         (json.dumps({**POISSON, "burst": 1}), "burst"),
+        ('{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2, "prefix": 1}', "prefix"),
+        (
+            '{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2, "prefix_id": 1}',
+            "prefix_tokens",
+        ),
+        (
+            '{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2, "prefix_tokens": 4}',
+            "prefix_id",
+        ),
+        (
+            '{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2, "prefix_id": -1, '
+            '"prefix_tokens": 4}',
+            "prefix_id",
+        ),
+        (
+            '{"arrival_s": 0, "prompt_tokens": 8, "output_tokens": 2, "prefix_id": 0, '
+            '"prefix_tokens": 9}',
+            "prefix_tokens",
+        ),
+        (json.dumps({**POISSON, "shared_prefix": {"groups": 0, "tokens": 8}}), "shared_prefix"),
+        (json.dumps({**POISSON, "shared_prefix": {"tokens": 8}}), "shared_prefix"),
     ],
 )
 def test_bad_specs_name_the_field(text: str, field: str) -> None:

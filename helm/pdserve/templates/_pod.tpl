@@ -26,6 +26,13 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- with $cfg.maxTokens }}
 - --max-tokens={{ . }}
 {{- end }}
+{{- /* hasKey, not with: 0 is a setting of both (none local; never saturated). */}}
+{{- if hasKey $cfg "disaggThreshold" }}
+- --disagg-threshold={{ $cfg.disaggThreshold }}
+{{- end }}
+{{- if hasKey $cfg "maxPrefillQueue" }}
+- --max-prefill-queue={{ $cfg.maxPrefillQueue }}
+{{- end }}
 {{- end }}
 {{- /* The router tokenizes and renders the chat template: it must read the workers' model. */}}
 - --model={{ .root.Values.model.path }}

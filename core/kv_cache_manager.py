@@ -1,0 +1,184 @@
+"""The KV-cache manager: the one owner of a worker's device blocks and CPU swap blocks (the seam of
+vLLM v1's `KVCacheManager`).
+
+Everything that gives a request blocks, takes them back or moves them goes through here: the
+scheduler (grow, copy-on-write, fork, swap, free), decode's reservations (`allocate_prompt`) and
+the simulator's workers, which run the same scheduler and reservation queue. Nobody else reaches
+into the pools to change them; the pools are public only to be read (gauges, load reports).
+
+A request's blocks are `request.block_ids` (device) and `request.swap_block_ids` (CPU), one
+reference each; a block two requests hold (a cached prefix, a fork's shared prompt) has two.
+The prefix-cache counters live here too, so that every path that takes a cached prefix counts
+its hits the same way: `num_prefix_query_tokens` are the tokens of requests that looked, and
+`num_prefix_hit_tokens` those they found cached.
+"""
+
+from __future__ import annotations
+
+from pdserve.core.block_pool import BlockHash, BlockPool, blocks_for, chain_hashes
+from pdserve.core.config import EngineConfig
+from pdserve.core.request import Request
+
+BlockPair = tuple[int, int]  # (source block, destination block) of one copy
+
+
+class KVCacheManager:
+    def __init__(self, config: EngineConfig) -> None:
+        self.block_size = config.block_size
+        self.block_pool = BlockPool(config.num_kv_blocks, config.enable_prefix_caching)
+        self.swap_pool = BlockPool(config.num_swap_blocks)
+        self.cache_root: BlockHash = b""  # `block_pool.cache_root` of the model and layout
+        self._deferred_swap_frees: list[int] = []
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_reused_blocks = 0  # prompt blocks reservations found cached: they never traveled
+
+    # -- prefix cache ------------------------------------------------------------------------
+
+    def take_cached_prefix(self, request: Request) -> int:
+        """A fresh request takes the cached blocks of its tokens but the last; how many tokens.
+
+        The last token is left out so that at least one token is computed (its logits sample
+        the next token) and, on decode, so that at least one block travels."""
+        if not self.block_pool.enable_caching:
+            return 0
+        usable = (request.target_tokens - 1) // self.block_size
+        block_ids = self.block_pool.cached_prefix(self._block_hashes(request)[:usable])
+        self.block_pool.take_cached(block_ids)
+        request.block_ids = block_ids
+        request.num_computed_tokens = len(block_ids) * self.block_size
+        return request.num_computed_tokens
+
+    def count_prefix_query(self, request: Request) -> None:
+        """Counts a request that took its cached prefix (`take_cached_prefix`) and stays: all its
+        tokens were looked up, and those it holds computed were found."""
+        self.num_prefix_query_tokens += request.num_tokens
+        self.num_prefix_hit_tokens += request.num_computed_tokens
+
+    def cache_filled(self, request: Request, num_computed_before: int) -> None:
+        """The forward took `request` from `num_computed_before` computed tokens to
+        `request.num_computed_tokens`: the blocks it filled join the cache."""
+        filled_before = num_computed_before // self.block_size
+        filled = request.num_computed_tokens // self.block_size
+        if filled > filled_before and self.block_pool.enable_caching:
+            hashes = self._block_hashes(request)
+            for index in range(filled_before, filled):
+                self.block_pool.register(request.block_ids[index], hashes[index])
+
+    def _block_hashes(self, request: Request) -> list[BlockHash]:
+        hashes = request.block_hashes
+        chain_hashes(self.cache_root, request.all_token_ids, self.block_size, hashes)
+        return hashes
+
+    # -- reservations (decode) ---------------------------------------------------------------
+
+    def allocate_prompt(self, request: Request) -> bool:
+        """Blocks for a fresh request's whole prompt, or nothing: its cached leading blocks by
+        reference (at most all but the last prompt token's, so at least that block travels)
+        and new ones for the rest."""
+        self.take_cached_prefix(request)
+        needed = blocks_for(request.num_prompt_tokens, self.block_size)
+        fresh = self.block_pool.allocate(needed - len(request.block_ids))
+        if fresh is None:
+            self.free_for_recompute(request)
+            return False
+        request.block_ids.extend(fresh)
+        return True
+
+    def count_reservation(self, request: Request) -> None:
+        """A reservation stands: its cached blocks are prefix hits that never travel."""
+        self.num_reused_blocks += request.num_computed_tokens // self.block_size
+        self.count_prefix_query(request)
+
+    # -- growth ------------------------------------------------------------------------------
+
+    def can_grow(self, request: Request, num_new: int) -> bool:
+        """Whether enough blocks are free for `num_new` more tokens of `request` (and for its
+        swapped blocks to come back in)."""
+        total = blocks_for(request.num_computed_tokens + num_new, self.block_size)
+        grow = total - len(request.block_ids) + int(self._shared_write_block(request) is not None)
+        return self.block_pool.can_allocate(max(grow, len(request.swap_block_ids)))
+
+    def grow(self, request: Request, num_new: int, copies: list[BlockPair]) -> bool:
+        """Allocates the blocks `request` needs for `num_new` more tokens, or nothing: new
+        blocks at the end, and a private copy of a shared block it is about to write into
+        (copy-on-write; the pair to copy is appended to `copies`)."""
+        total = blocks_for(request.num_computed_tokens + num_new, self.block_size)
+        shared = self._shared_write_block(request)
+        missing = total - len(request.block_ids) + int(shared is not None)
+        if missing <= 0:
+            return True
+        ids = self.block_pool.allocate(missing)
+        if ids is None:
+            return False
+        if shared is not None:
+            copy = ids.pop()
+            copies.append((request.block_ids[shared], copy))
+            self.block_pool.free([request.block_ids[shared]])
+            request.block_ids[shared] = copy
+        request.block_ids.extend(ids)
+        return True
+
+    def _shared_write_block(self, request: Request) -> int | None:
+        """Index of the block the next token goes into, when other requests hold it too."""
+        index = request.num_computed_tokens // self.block_size
+        shared = (
+            index < len(request.block_ids)
+            and self.block_pool.ref_count(request.block_ids[index]) > 1
+        )
+        return index if shared else None
+
+    def share(self, leader: Request, fork: Request) -> None:
+        """`fork` takes a reference on each of `leader`'s blocks (n > 1: one prompt's samples)."""
+        self.block_pool.share(leader.block_ids)
+        fork.block_ids = list(leader.block_ids)
+
+    # -- freeing -----------------------------------------------------------------------------
+
+    def free(self, request: Request) -> None:
+        """Drops the request's reference on each of its device and swap blocks. Device blocks
+        go last first: the cache evicts in the order of freeing, and a prefix's tail is the
+        part other requests are least likely to share."""
+        self.block_pool.free(request.block_ids[::-1])
+        request.block_ids = []
+        self.swap_pool.free(request.swap_block_ids)
+        request.swap_block_ids = []
+
+    def free_for_recompute(self, request: Request) -> None:
+        """Frees the request's blocks and forgets what they held: it computes from token 0."""
+        self.free(request)
+        request.num_computed_tokens = 0
+
+    # -- swap --------------------------------------------------------------------------------
+
+    def swap_out(self, request: Request, sources: list[int]) -> list[BlockPair] | None:
+        """Moves a running request's blocks to the swap pool: `sources` (its blocks, or the
+        source of a copy this step cancelled) pair with new swap blocks and its device blocks
+        are freed. None, and nothing changed, when the swap pool lacks room."""
+        swap_ids = self.swap_pool.allocate(len(request.block_ids))
+        if swap_ids is None:
+            return None
+        self.free(request)
+        request.swap_block_ids = swap_ids
+        return list(zip(sources, swap_ids, strict=True))
+
+    def swap_in(self, request: Request) -> list[BlockPair]:
+        """Moves a swapped request's blocks back to new device blocks (`can_grow` counted
+        them). The swap blocks are read by this step's copies: they go back to the swap pool
+        only at `release_swapped_in`."""
+        device_ids = self.block_pool.allocate(len(request.swap_block_ids))
+        assert device_ids is not None  # the caller checked can_grow
+        pairs = list(zip(request.swap_block_ids, device_ids, strict=True))
+        self._deferred_swap_frees.extend(request.swap_block_ids)
+        request.block_ids, request.swap_block_ids = device_ids, []
+        return pairs
+
+    def release_swapped_in(self) -> None:
+        """The copies of the last step have run: the swap blocks its swap-ins read are free."""
+        self.swap_pool.free(self._deferred_swap_frees)
+        self._deferred_swap_frees = []
+
+    @property
+    def swapped_in_blocks(self) -> tuple[int, ...]:
+        """Swap blocks the last step's swap-ins read: owned until `release_swapped_in`."""
+        return tuple(self._deferred_swap_frees)
