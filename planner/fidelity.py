@@ -19,6 +19,7 @@ from pdserve.planner.profile import Profile
 from pdserve.planner.real_runs import Seen
 from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.workload import TraceRequest
+from pdserve.router.placement import PlacementConfig
 
 LATENCY_METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
 METRICS = (*LATENCY_METRICS, "attainment")
@@ -74,7 +75,7 @@ def simulate_seen(
 
 
 def a_priori_deployment(
-    num_prefill: int, num_decode: int, engine: EngineConfig, threshold: int, max_queue: int
+    num_prefill: int, num_decode: int, engine: EngineConfig, placement: PlacementConfig
 ) -> Deployment:
     """The deployment as `real_runs` pins it, known before any run: workers that share a core
     split it evenly (prefill workers share core 0, decode workers core 1)."""
@@ -83,8 +84,7 @@ def a_priori_deployment(
         num_decode,
         engine,
         engine,
-        disagg_threshold=threshold,
-        max_prefill_queue=max_queue,
+        placement,
         prefill_share=1.0 / num_prefill if num_prefill else 1.0,
         decode_share=1.0 / num_decode,
     )

@@ -164,7 +164,7 @@ def run_trace(
 
 def _call_data(trace: Sequence[TraceRequest], seed: str) -> list[dict[str, object]]:
     rng = random.Random(f"pdserve-planner/{seed}")
-    prefixes: dict[str, list[int]] = {}
+    prefixes: dict[int, list[int]] = {}
     data = []
     for request in trace:
         prompt = _shared_prefix(request, prefixes, rng)
@@ -175,16 +175,14 @@ def _call_data(trace: Sequence[TraceRequest], seed: str) -> list[dict[str, objec
 
 
 def _shared_prefix(
-    request: TraceRequest, prefixes: dict[str, list[int]], rng: random.Random
+    request: TraceRequest, prefixes: dict[int, list[int]], rng: random.Random
 ) -> list[int]:
-    prefix_id = getattr(request, "prefix_id", None)
-    prefix_tokens = int(getattr(request, "prefix_tokens", 0))
-    if prefix_id is None or prefix_tokens == 0:
+    """The request's shared prefix (drawn the first time its group appears), or nothing."""
+    if request.prefix_id is None:
         return []
-    key = str(prefix_id)
-    if key not in prefixes:
-        prefixes[key] = _ids(rng, prefix_tokens)
-    return list(prefixes[key][: min(prefix_tokens, request.prompt_tokens)])
+    if request.prefix_id not in prefixes:
+        prefixes[request.prefix_id] = _ids(rng, request.prefix_tokens)
+    return list(prefixes[request.prefix_id])
 
 
 def _ids(rng: random.Random, count: int) -> list[int]:

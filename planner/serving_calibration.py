@@ -26,6 +26,7 @@ from pdserve.planner.fidelity import a_priori_deployment, simulate_seen
 from pdserve.planner.profile import Profile, ServingCosts
 from pdserve.planner.real_runs import Arrivals, Seen, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import TraceRequest
+from pdserve.router.placement import PlacementConfig
 
 BURSTS = (1, 2, 4, 8, 16)
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 48
@@ -39,7 +40,8 @@ def calibrate(
     model_dir: Path, profile: Profile, engine: EngineConfig, log_dir: Path
 ) -> ServingCosts:
     real: dict[int, list[Seen]] = {}
-    with running_cluster(1, 1, model_dir, engine, (), log_dir) as cluster:
+    router_flags = PlacementConfig().router_flags()
+    with running_cluster(1, 1, model_dir, engine, router_flags, log_dir) as cluster:
         warm_up(cluster)
         for size in BURSTS:
             real[size] = run_trace(cluster, burst(size), Arrivals(0.0), seed=f"serving/{size}")
@@ -52,7 +54,7 @@ def fit_serving(
     """The serving costs that close the gap between the offline profile's simulation and `real`
     (seen per burst size)."""
     offline = replace(profile, serving=ServingCosts())
-    deployment = a_priori_deployment(1, 1, engine, threshold=0, max_queue=0)
+    deployment = a_priori_deployment(1, 1, engine, PlacementConfig())  # 1P1D: all remote
     sizes = sorted(real)
     residuals = [
         _median_gap(real[size]) - _median_gap(simulate_seen(deployment, offline, burst(size)))

@@ -128,8 +128,11 @@ class ClusterSim:
     def run(self, requests: Sequence[TraceRequest]) -> SimResult:
         ordered = sorted(requests, key=lambda r: r.arrival_s)
         journeys = [Journey.of(index, request) for index, request in enumerate(ordered)]
+        # A request reaches the router's choice after its dispatch latency (the serving costs'
+        # share of the way in that no worker's step accounts for).
+        dispatch = self.profile.serving.dispatch_s
         for journey in journeys:
-            self.at(journey.arrival_s, functools.partial(self._arrive, journey))
+            self.at(journey.arrival_s + dispatch, functools.partial(self._arrive, journey))
         while self._events:
             self.now, _, action = heapq.heappop(self._events)
             action(self.now)

@@ -41,6 +41,7 @@ from pdserve.planner.fidelity import (
 from pdserve.planner.profile import Profile
 from pdserve.planner.real_runs import Arrivals, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import PoissonSpec, TraceRequest, Workload, requests_of
+from pdserve.router.placement import PlacementConfig
 
 CONFIGS = {"1P1D": (1, 1), "1P2D": (1, 2), "2P1D": (2, 1)}
 TARGET_MEDIAN, TARGET_MAX = 0.10, 0.25
@@ -92,11 +93,9 @@ def _validate_config(
     out_dir: Path,
 ) -> list[Point]:
     num_prefill, num_decode = CONFIGS[name]
-    deployment = a_priori_deployment(
-        num_prefill, num_decode, engine, args.disagg_threshold, args.max_prefill_queue
-    )
-    router_args: tuple[str, ...] = ("--disagg-threshold", str(args.disagg_threshold))
-    router_args += ("--max-prefill-queue", str(args.max_prefill_queue))
+    placement = PlacementConfig(args.disagg_threshold, args.max_prefill_queue)
+    deployment = a_priori_deployment(num_prefill, num_decode, engine, placement)
+    router_args = placement.router_flags()
     model_dir = resolve_model(args.model)
     points = []
     log_dir = out_dir / f"{name}-logs"

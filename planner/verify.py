@@ -45,8 +45,7 @@ def verify(
     deployment = plan.deployment
     arrivals = Arrivals(rate, LoadSchedule.POISSON, VERIFY_SEED)
     trace = arrivals.apply(lengths)
-    router_args: tuple[str, ...] = ("--disagg-threshold", str(deployment.disagg_threshold))
-    router_args += ("--max-prefill-queue", str(deployment.max_prefill_queue))
+    router_args = deployment.placement.router_flags()
     pins = own_cores(deployment.num_prefill, deployment.num_decode)
     engine = deployment.decode_config
     with running_cluster(

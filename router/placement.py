@@ -55,6 +55,11 @@ class PlacementConfig:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag}: must be >= 0, got {getattr(self, name)}")
 
+    def router_flags(self) -> tuple[str, ...]:
+        """The router's flags for this placement (what the chart and the planner's runs pass)."""
+        threshold, queue = str(self.disagg_threshold), str(self.max_prefill_queue)
+        return ("--disagg-threshold", threshold, "--max-prefill-queue", queue)
+
 
 @dataclass(frozen=True)
 class PrefillTierState:

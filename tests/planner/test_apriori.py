@@ -19,6 +19,7 @@ from pdserve.planner.serving_calibration import BURSTS, burst, fit_serving
 from pdserve.planner.validate_cli import validation_trace
 from pdserve.planner.verify import report
 from pdserve.planner.workload import PoissonSpec, TokenRange
+from pdserve.router.placement import PlacementConfig
 from tests.planner.helpers import fixed_step_profile
 
 
@@ -26,7 +27,7 @@ def test_serving_costs_are_recovered_from_runs_that_paid_them() -> None:
     engine = EngineConfig()
     offline = fixed_step_profile(0.02)
     paid = ServingCosts(per_step_s=0.004, per_token_s=0.001)
-    deployment = a_priori_deployment(1, 1, engine, threshold=0, max_queue=0)
+    deployment = a_priori_deployment(1, 1, engine, PlacementConfig())
     real = {
         size: simulate_seen(deployment, dataclasses.replace(offline, serving=paid), burst(size))
         for size in BURSTS

@@ -25,12 +25,12 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
-from pdserve.core.transfer.local import LocalKVReceiver, LocalKVSender, LocalTransferHub
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.workload import TraceRequest
 from pdserve.prefill_service.engine import PrefillEngine
 from tests.core.test_cross_tier_prefix import Tiers
+from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 from tests.planner.helpers import fixed_step_profile
 
 
