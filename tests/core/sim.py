@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams, sample_ids
 from pdserve.core.scheduler import Scheduler, SchedulerOutput, blocks_for
 
 SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written
