@@ -40,7 +40,8 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
     if declared in GENERIC_TOKENIZER_CLASSES:
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        generic: PreTrainedTokenizerBase = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        return generic
     log.info("tokenizer class %s: loaded by AutoTokenizer (imports torch if installed)", declared)
     from transformers import AutoTokenizer
 
