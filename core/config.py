@@ -1,15 +1,21 @@
-"""Engine configuration: built once (CLI flags / `PDSERVE_*` env / keyword args) and passed down."""
+"""Engine configuration: built once (CLI flags / `PDSERVE_*` env / keyword args) and passed down.
+
+Plain data, no torch: the router and the planner read it (flags, choices) without loading torch;
+kv_cache.py and model/precision.py map these names onto torch.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
-from pdserve.core.kv_cache import DTYPES, INT8
-from pdserve.core.model.precision import QUANTIZATIONS
-
+# Model dtypes by torch's names (kv_cache.DTYPES maps each onto its torch.dtype).
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+INT8 = "int8"
 # "auto": the cache holds the model's dtype; "int8": int8 rows with per-token scales (kv_cache.py).
 KV_CACHE_DTYPES = ("auto", INT8)
+# Weight-only quantizations (model/precision.py).
+QUANTIZATIONS = ("none", INT8)
 
 
 class SchedulingPolicy(enum.Enum):
@@ -49,8 +55,8 @@ class EngineConfig:
             )
         if self.num_swap_blocks < 0:
             raise ValueError(f"num_swap_blocks: must be >= 0, got {self.num_swap_blocks}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype: must be one of {sorted(MODEL_DTYPES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization: must be one of {', '.join(QUANTIZATIONS)}, "

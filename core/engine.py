@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from pdserve.core.block_pool import blocks_for, cache_root
 from pdserve.core.config import EngineConfig
@@ -25,18 +24,14 @@ from pdserve.core.model_runner import ModelRunner
 from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import (
+    SAMPLE_SEPARATOR,
     DuplicateRequestError,
     InvalidRequestError,
     SamplingParams,
+    sample_ids,
 )
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
-
-SAMPLE_SEPARATOR = "/"
-
-
-def sample_ids(request_id: str, n: int) -> list[str]:
-    """The ids of a request's n samples: itself for n = 1, else `<id>/0` .. `<id>/<n-1>`."""
-    return [request_id] if n == 1 else [f"{request_id}{SAMPLE_SEPARATOR}{i}" for i in range(n)]
+from pdserve.core.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -69,7 +64,7 @@ class LLMEngine:
     ) -> None:
         self.config = config
         self.model_config: ModelConfig = load_model_config(model_dir)
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer: Any = load_tokenizer(model_dir)
         device = torch.device(config.device)
         self.layout = KVLayout(
             num_layers=self.model_config.num_layers,

@@ -15,14 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from pdserve.core.config import INT8, MODEL_DTYPES
 from pdserve.kernels.kv_quant import SCALE_NBYTES, row_width
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-INT8 = "int8"
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in MODEL_DTYPES}
 # What a cache may hold: the model's dtype, or int8 rows with scales (`--kv-cache-dtype int8`).
 KV_DTYPES: dict[str, torch.dtype] = {**DTYPES, INT8: torch.int8}
 

@@ -6,10 +6,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.engine import LLMEngine, sample_ids
+from pdserve.core.engine import LLMEngine
 from pdserve.core.model.source import resolve_model
 from pdserve.core.outputs import CompletionOutput, TokenDelta
-from pdserve.core.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams, sample_ids
 from pdserve.core.scheduler import Scheduler
 from pdserve.core.static_scheduler import StaticScheduler
 

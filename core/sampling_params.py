@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+# Sample i of a request with n > 1 runs as `<request id>/<i>`, in the engine and at the router.
+SAMPLE_SEPARATOR = "/"
+
 
 class InvalidRequestError(ValueError):
     """Bad user input. The message starts with the offending field's name."""
@@ -61,6 +64,11 @@ class SamplingParams:
         sample gives exactly the tokens a single-sample request with that seed gives."""
         seed = None if self.seed is None else self.seed + index
         return replace(self, n=1, seed=seed)
+
+
+def sample_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's n samples: itself for n = 1, else `<id>/0` .. `<id>/<n-1>`."""
+    return [request_id] if n == 1 else [f"{request_id}{SAMPLE_SEPARATOR}{i}" for i in range(n)]
 
 
 def _check_int(field: str, value: object, minimum: int | None) -> None:

@@ -10,11 +10,8 @@ from typing import Any, TypeAlias
 import grpc
 
 from pdserve.core.serving.grpc_errors import grpc_errors
-from pdserve.core.serving.proto_convert import (
-    descriptor_to_proto,
-    finish_reason_to_proto,
-    sampling_from_proto,
-)
+from pdserve.core.serving.proto_convert import descriptor_to_proto, finish_reason_to_proto
+from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine

@@ -14,9 +14,8 @@ import dataclasses
 from collections.abc import AsyncGenerator, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from pdserve.core.engine import sample_ids
-from pdserve.core.sampling_params import InvalidRequestError
-from pdserve.core.serving.proto_convert import sampling_from_proto, sampling_to_proto
+from pdserve.core.sampling_params import InvalidRequestError, sample_ids
+from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to_proto
 from pdserve.router.clock import RequestClock
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import generation_pb2

@@ -15,7 +15,8 @@ from typing import Protocol
 from pdserve.core.chat import ChatTokenizer
 from pdserve.core.model.config import load_model_config
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
-from pdserve.core.serving.proto_convert import sampling_from_proto, sampling_to_proto
+from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to_proto
+from pdserve.core.tokenizer import load_tokenizer
 from pdserve.router.config import RequestCaps
 from pdserve.v1 import common_pb2, generation_pb2
 
@@ -67,12 +68,9 @@ class ValidatedRequest:
 
 
 def load_validator(model_dir: Path, caps: RequestCaps) -> RequestValidator:
-    """The model's own tokenizer (what the workers detokenize with) and limits; slow (imports
-    transformers), so the router runs it off the event loop."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return RequestValidator(tokenizer, ModelLimits.from_model_dir(model_dir, caps))
+    """The model's own tokenizer (loaded as the workers load it) and limits; slow (imports
+    transformers' tokenizer code), so the router runs it off the event loop."""
+    return RequestValidator(load_tokenizer(model_dir), ModelLimits.from_model_dir(model_dir, caps))
 
 
 class RequestValidator:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-QUANTIZATIONS = ("none", "int8")
+# Re-exported: bench/ imports it from here; the names live in core/config.py (torch-free).
+from pdserve.core.config import QUANTIZATIONS as QUANTIZATIONS
 
 
 class UnsupportedPrecisionError(ValueError):

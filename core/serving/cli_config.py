@@ -12,9 +12,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pdserve.core.config import KV_CACHE_DTYPES, EngineConfig, SchedulingPolicy
-from pdserve.core.kv_cache import DTYPES
-from pdserve.core.model.precision import QUANTIZATIONS
+from pdserve.core.config import (
+    KV_CACHE_DTYPES,
+    MODEL_DTYPES,
+    QUANTIZATIONS,
+    EngineConfig,
+    SchedulingPolicy,
+)
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig
 from pdserve.core.serving.tls import server_tls
 
@@ -61,7 +65,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                 str,
                 default,
                 "model dtype (the KV cache's too, unless --kv-cache-dtype int8)",
-                choices=sorted(DTYPES),
+                choices=sorted(MODEL_DTYPES),
             )
         elif field.name == "kv_cache_dtype":
             help_text = "KV cache element type (auto: the model dtype)"

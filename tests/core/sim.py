@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
-from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.sampling_params import SamplingParams
+from pdserve.core.sampling_params import SamplingParams, sample_ids
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
 
 SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from pdserve.core.block_pool import BlockPool, blocks_for
 from pdserve.core.config import EngineConfig, SchedulingPolicy
-from pdserve.core.engine import sample_ids
 from pdserve.core.request import Request, RequestStatus
+from pdserve.core.sampling_params import sample_ids
 from pdserve.core.scheduler import Scheduler
 from pdserve.core.static_scheduler import StaticScheduler
 from tests.core.sim import Arrival, Simulation, StepRecord

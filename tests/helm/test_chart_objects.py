@@ -132,6 +132,25 @@ def test_router_reaches_workers_through_headless_service_dns(
     assert flag(args, "--resolve-interval-seconds") == "5"
 
 
+def test_router_pods_run_the_torch_free_router_image(render: Render) -> None:
+    """Default: the `router` target pushed beside the image (`<repository>-router`, same tag);
+    router.image overrides either part. Workers keep the full image."""
+    defaults = render(
+        {"image": {"repository": "reg.example/pdserve", "tag": "1.2"}}, RELEASE, NAMESPACE
+    )
+    assert container(defaults, "router")["image"] == "reg.example/pdserve-router:1.2"
+    for role in WORKERS:
+        assert container(defaults, role)["image"] == "reg.example/pdserve:1.2"
+    chosen = render(
+        {"router": {"image": {"repository": "reg.example/lean-router", "tag": "7"}}},
+        RELEASE,
+        NAMESPACE,
+    )
+    assert container(chosen, "router")["image"] == "reg.example/lean-router:7"
+    untagged = render({}, RELEASE, NAMESPACE)  # no tag anywhere: the chart's appVersion
+    assert container(untagged, "router")["image"] == "pdserve-router:0.1.0"
+
+
 def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
     render: Render, contract_worker_flags: frozenset[str]
 ) -> None:

@@ -12,7 +12,10 @@ import importlib.util
 import json
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,10 @@ from pdserve.cli import SUBCOMMANDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "Dockerfile"
+ROUTER_REQUIREMENTS = REPO_ROOT / "router-requirements.txt"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# The workers' stack, which the router image must not carry.
+WORKER_ONLY = {"torch", "triton", "ucxx-cu13", "accelerate", "gguf", "safetensors", "matplotlib"}
 
 Instruction = tuple[str, str]
 
@@ -50,9 +56,63 @@ def arguments_of(instructions: list[Instruction], keyword: str) -> list[str]:
     return [arguments for found, arguments in instructions if found == keyword]
 
 
+@dataclass(frozen=True)
+class Stage:
+    parent: str  # the FROM image, or an earlier stage's name
+    instructions: list[Instruction]
+
+
+def parse_stages(instructions: list[Instruction]) -> dict[str, Stage]:
+    """Stages by name (`FROM parent AS name`), in file order."""
+    stages: dict[str, Stage] = {}
+    for index, (keyword, arguments) in enumerate(instructions):
+        if keyword != "FROM":
+            continue
+        parent, _, name = arguments.split()
+        end = next(
+            (i for i in range(index + 1, len(instructions)) if instructions[i][0] == "FROM"),
+            len(instructions),
+        )
+        stages[name] = Stage(parent, instructions[index + 1 : end])
+    return stages
+
+
+def lineage(stages: dict[str, Stage], name: str) -> list[str]:
+    """The stage, the stages it builds on, and the image at the bottom."""
+    chain = [name]
+    while chain[-1] in stages:
+        chain.append(stages[chain[-1]].parent)
+    return chain
+
+
+def assert_starts_clean(stages: dict[str, Stage], name: str) -> None:
+    """Built on the Python image through stages that install nothing: no build layers."""
+    chain = lineage(stages, name)
+    assert chain[-1] == "${PYTHON_IMAGE}", chain
+    for stage in chain[:-1]:
+        installs = [run for run in arguments_of(stages[stage].instructions, "RUN") if "pip" in run]
+        assert not installs, f"{stage} (under {name}) installs: {installs}"
+
+
+def requirement_name(requirement: str) -> str:
+    """`Foo_Bar==1.0; marker` -> `foo-bar` (PEP 503 normalized)."""
+    return re.sub(r"[-_.]+", "-", re.split(r"[=<>!~;\[ ]", requirement, maxsplit=1)[0]).lower()
+
+
 @pytest.fixture(scope="module")
 def instructions() -> list[Instruction]:
     return parse_dockerfile(DOCKERFILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def stages(instructions: list[Instruction]) -> dict[str, Stage]:
+    return parse_stages(instructions)
+
+
+@pytest.fixture(scope="module")
+def router_requirements() -> list[str]:
+    lines = (line.strip() for line in ROUTER_REQUIREMENTS.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +121,12 @@ def pyproject() -> dict[str, Any]:
 
 
 def test_multi_stage_build_on_python_slim_ends_as_non_root(
-    instructions: list[Instruction],
+    instructions: list[Instruction], stages: dict[str, Stage]
 ) -> None:
     base = dict(arg.split("=", 1) for arg in arguments_of(instructions, "ARG") if "=" in arg)
-    stages = arguments_of(instructions, "FROM")
     assert len(stages) >= 2
     assert base["PYTHON_IMAGE"] == "python:3.11-slim"
-    assert stages[-1].startswith("${PYTHON_IMAGE}")  # runtime starts clean, no build layers
+    assert_starts_clean(stages, list(stages)[-1])  # the default target: runtime
     users = arguments_of(instructions, "USER")
     assert users, "the image must not run as root"
     assert users[-1].split(":")[0] not in {"0", "root"}
@@ -174,3 +233,68 @@ def test_build_context_holds_every_package_folder(
     ]
     excluded = {path for path in needed for pattern in ignored if fnmatch.fnmatch(path, pattern)}
     assert not excluded, f".dockerignore drops build inputs: {sorted(excluded)}"
+
+
+def test_router_target_builds_without_torch(
+    stages: dict[str, Stage], contract: dict[str, Any], chart: helm.Chart
+) -> None:
+    """`--target router`: pdserve `--no-deps` plus router-requirements.txt, in a virtualenv that
+    never saw torch; the router role's entrypoint, ports and a non-root user."""
+    assert_starts_clean(stages, "router")
+    router = stages["router"].instructions
+    copied_from = {
+        arguments.split()[0].removeprefix("--from=")
+        for arguments in arguments_of(router, "COPY")
+        if arguments.startswith("--from=")
+    }
+    assert copied_from == {"router-build", "router-model"}
+    assert lineage(stages, "router-build") == ["router-build", "${PYTHON_IMAGE}"]
+    runs = arguments_of(stages["router-build"].instructions, "RUN")
+    assert not [run for run in runs if "torch" in run]
+    assert any(f"pip install -r /src/{ROUTER_REQUIREMENTS.name}" in run for run in runs)
+    assert any(re.search(r"pip install --no-deps \.(\s|$)", run) for run in runs)
+    assert json.loads(arguments_of(router, "ENTRYPOINT")[-1]) == ["pdserve"]
+    assert json.loads(arguments_of(router, "CMD")[-1]) == ["router"]
+    assert arguments_of(router, "USER")[-1].split(":")[0] not in {"0", "root"}
+    exposed = {int(port) for ports in arguments_of(router, "EXPOSE") for port in ports.split()}
+    row = contract["router"]
+    assert exposed == {row.grpc_port, row.metrics_port, chart.values["router"]["httpPort"]}
+
+
+def test_router_requirements_are_pyproject_pins_without_the_worker_stack(
+    router_requirements: list[str], pyproject: dict[str, Any]
+) -> None:
+    pinned = set(pyproject["project"]["dependencies"])
+    unpinned = [line for line in router_requirements if line not in pinned]
+    assert not unpinned, f"not pyproject.toml's pins: {unpinned}"
+    worker_only = {requirement_name(line) for line in router_requirements} & WORKER_ONLY
+    assert not worker_only, f"the router image must not install {sorted(worker_only)}"
+
+
+def test_router_requirements_hold_every_dependency_a_router_imports(
+    router_requirements: list[str], pyproject: dict[str, Any], model_dir: Path
+) -> None:
+    """A fresh router process (both doors, the tokenizer loaded, a chat rendered) imports only
+    pyproject dependencies that router-requirements.txt installs (or their dependencies)."""
+    code = f"""
+import importlib.metadata, json, sys
+from pathlib import Path
+import pdserve.router.main
+from pdserve.core.chat import ChatMessage, chat_prompt
+from pdserve.router.config import RequestCaps
+from pdserve.router.validation import load_validator
+
+validator = load_validator(Path({str(model_dir)!r}), RequestCaps())
+chat_prompt(validator.tokenizer, [ChatMessage("user", "Hi")])
+owners = importlib.metadata.packages_distributions()
+print(json.dumps(sorted({{d for m in list(sys.modules) for d in owners.get(m.split(".")[0], [])}})))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {requirement_name(name) for name in json.loads(result.stdout)}
+    declared = {requirement_name(line) for line in pyproject["project"]["dependencies"]}
+    installed = {requirement_name(line) for line in router_requirements}
+    missing = (imported & declared) - installed
+    assert not missing, f"the router imports {sorted(missing)}: add to {ROUTER_REQUIREMENTS.name}"

@@ -62,6 +62,18 @@ app.kubernetes.io/component: {{ .role }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The router's torch-free image (Dockerfile `--target router`): router.image, else derived. */}}
+{{- define "pdserve.routerImage" -}}
+{{- $image := .Values.router.image -}}
+{{- $repository := $image.repository | default (printf "%s-router" .Values.image.repository) -}}
+{{- printf "%s:%s" $repository ($image.tag | default .Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The image a role's pods run; takes (dict "root" $ "role" ROLE). */}}
+{{- define "pdserve.roleImage" -}}
+{{- if eq .role "router" }}{{ include "pdserve.routerImage" .root }}{{ else }}{{ include "pdserve.image" .root }}{{ end -}}
+{{- end -}}
+
 {{- define "pdserve.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "pdserve.fullname" .) .Values.serviceAccount.name -}}

@@ -156,7 +156,7 @@ spec:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   containers:
     - name: {{ .role }}
-      image: {{ include "pdserve.image" $root | quote }}
+      image: {{ include "pdserve.roleImage" . | quote }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
       args:
         {{- include "pdserve.args" . | nindent 8 }}

@@ -1,0 +1,179 @@
+"""`pdserve router`'s flags (each also read from env `PDSERVE_<FLAG>`) and the configs built from
+them once at start-up; main.py runs the process with those configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pdserve.core.serving.cli_config import add_flag, add_model_arguments, add_server_arguments
+from pdserve.core.serving.tls import ChannelTls
+from pdserve.router.config import RequestCaps, RouterConfig
+from pdserve.router.policy import RoutingPolicy
+from pdserve.router.targets import parse_targets
+
+ROUTER_PORT = 50051
+ROUTER_METRICS_PORT = 9100
+
+
+def add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    """Server and model flags (shared with the workers), then the router's own."""
+    add_server_arguments(parser, port=ROUTER_PORT, metrics_port=ROUTER_METRICS_PORT)
+    add_model_arguments(parser)
+    group = parser.add_argument_group("router")
+    defaults = RouterConfig(prefill_targets="", decode_targets="")
+    targets_help = "workers: host:port,... or dns:///NAME:PORT (one worker per A/AAAA record)"
+    add_flag(
+        group,
+        "--prefill",
+        str,
+        "127.0.0.1:50061",
+        f'prefill {targets_help}; "" for none (every prompt prefilled on decode: colocated)',
+    )
+    add_flag(group, "--decode", str, "127.0.0.1:50071", f"decode {targets_help}")
+    add_flag(
+        group,
+        "--resolve-interval-seconds",
+        float,
+        defaults.resolve_interval_seconds,
+        "how often dns:/// worker names are re-resolved",
+    )
+    add_flag(
+        group,
+        "--max-queue",
+        int,
+        defaults.max_queue,
+        "requests in flight in the router before new ones get RESOURCE_EXHAUSTED",
+    )
+    add_flag(
+        group,
+        "--max-attempts",
+        int,
+        defaults.max_attempts,
+        "Reserve + Prefill tries per request when a worker fails before hand-off",
+    )
+    add_flag(
+        group,
+        "--load-poll-interval-seconds",
+        float,
+        defaults.load_poll_interval_seconds,
+        "how often every worker is asked for its Load (a failed poll marks it unhealthy)",
+    )
+    add_flag(
+        group,
+        "--abort-timeout-seconds",
+        float,
+        defaults.abort_timeout_seconds,
+        "first Decode.Abort try's timeout after a cancel or failure (retries double it)",
+    )
+    add_flag(
+        group,
+        "--disagg-threshold",
+        int,
+        defaults.disagg_threshold,
+        "prompts shorter than this many tokens are prefilled on their decode worker; "
+        "0 = always on the prefill tier; huge = colocated (docs/disaggregation.md)",
+    )
+    add_flag(
+        group,
+        "--max-prefill-queue",
+        int,
+        defaults.max_prefill_queue,
+        "prefill calls in flight per prefill worker at which long prompts too are prefilled "
+        "on decode (with --disagg-threshold > 0); 0 = never",
+    )
+    add_flag(
+        group,
+        "--routing-policy",
+        str,
+        defaults.routing_policy.value,
+        "least-loaded, or prefix: prefer the worker whose recent prompts share the most "
+        "leading KV blocks, within a load bound (docs/router.md)",
+        choices=[policy.value for policy in RoutingPolicy],
+    )
+    add_flag(
+        group,
+        "--max-migrations",
+        int,
+        defaults.max_migrations,
+        "times a request may move to another decode worker after losing its own",
+    )
+    add_flag(
+        group,
+        "--http-port",
+        int,
+        defaults.http_port,
+        "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions); 0 = off",
+    )
+    _add_cap_arguments(parser)
+    _add_worker_tls_arguments(parser)
+
+
+def _add_cap_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("request caps (INVALID_ARGUMENT naming the field above)")
+    caps = RequestCaps()
+    add_flag(group, "--max-prompt-tokens", int, None, "prompt tokens (default: context - 1)")
+    add_flag(group, "--max-tokens", int, None, "sampling.max_tokens (default: context - 1)")
+    add_flag(
+        group, "--max-stop-strings", int, caps.max_stop_strings, "stop strings, and stop token ids"
+    )
+    add_flag(
+        group,
+        "--max-stop-string-chars",
+        int,
+        caps.max_stop_string_chars,
+        "one stop string's length",
+    )
+
+
+def _add_worker_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TLS to the workers (docs/security.md; plaintext without CA)")
+    add_flag(group, "--worker-tls-ca", Path, None, "PEM CA bundle that signed the workers' certs")
+    add_flag(group, "--worker-tls-cert", Path, None, "PEM client certificate shown to workers")
+    add_flag(group, "--worker-tls-key", Path, None, "PEM private key of --worker-tls-cert")
+    add_flag(
+        group,
+        "--worker-tls-server-name",
+        str,
+        None,
+        "the name expected on every worker's certificate (default: the address's host)",
+    )
+
+
+def _worker_tls_from_args(args: argparse.Namespace) -> ChannelTls | None:
+    if args.worker_tls_ca is None:
+        if args.worker_tls_cert is not None or args.worker_tls_key is not None:
+            raise ValueError("--worker-tls-cert / --worker-tls-key: need --worker-tls-ca")
+        return None
+    return ChannelTls(
+        args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name
+    )
+
+
+def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
+    config = RouterConfig(
+        prefill_targets=args.prefill,
+        decode_targets=args.decode,
+        resolve_interval_seconds=args.resolve_interval_seconds,
+        max_queue=args.max_queue,
+        max_attempts=args.max_attempts,
+        load_poll_interval_seconds=args.load_poll_interval_seconds,
+        abort_timeout_seconds=args.abort_timeout_seconds,
+        disagg_threshold=args.disagg_threshold,
+        max_prefill_queue=args.max_prefill_queue,
+        max_migrations=args.max_migrations,
+        routing_policy=RoutingPolicy(args.routing_policy),
+        caps=RequestCaps(
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_tokens=args.max_tokens,
+            max_stop_strings=args.max_stop_strings,
+            max_stop_string_chars=args.max_stop_string_chars,
+        ),
+        worker_tls=_worker_tls_from_args(args),
+        max_message_bytes=args.max_message_bytes,
+        http_port=args.http_port,
+    )
+    parse_targets("--prefill", config.prefill_targets, allow_empty=True)  # fail at start-up
+    parse_targets("--decode", config.decode_targets)
+    return config
