@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/router/router_footprint.py [--runs 5] [--model DIR]
 
-Starts zero-work fake tiers (`pdserve.bench.router_bench --serve-fakes`) once, then a real
+Starts zero-work fake tiers (`pdserve bench router --serve-fakes`) once, then a real
 `pdserve router` process (gRPC and HTTP doors on) `--runs` times, one after another. Each run
 reports the seconds from just before the process is spawned to its readiness (gRPC health
 `pdserve.v1.Generation` SERVING: tokenizer loaded, both tiers answered Load), the process's
@@ -33,7 +33,7 @@ READY_SERVICE = "pdserve.v1.Generation"
 
 
 def start_fakes(address_file: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    command = [sys.executable, "-m", "pdserve.bench.router_bench", "--serve-fakes"]
+    command = [sys.executable, "-m", "pdserve", "bench", "router", "--serve-fakes"]
     process = subprocess.Popen([*command, str(address_file)])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.client import GenerationClient, build_request
-from pdserve.router.testing import fake_tiers
+from pdserve.testing.fake_tiers import fake_tiers
 from pdserve.v1 import common_pb2
 
 # The router's two doors, and what they share with the workers (one place each).
