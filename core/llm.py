@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.model.source import resolve_model
-from pdserve.core.outputs import CompletionOutput, TokenDelta
+from pdserve.core.outputs import CompletionOutput, RequestOutput, TokenDelta
 from pdserve.core.sampling_params import SamplingParams, sample_ids
 from pdserve.core.scheduler import Scheduler
 from pdserve.core.static_scheduler import StaticScheduler
@@ -35,33 +36,32 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[CompletionOutput]:
-        """Runs every prompt to completion; outputs come back in the order of `prompts`, the n
-        samples of a prompt with `SamplingParams(n=...)` one after another."""
+    ) -> list[RequestOutput]:
+        """Runs every prompt to completion: one output per prompt, in the order of `prompts`, each
+        with its n samples (`SamplingParams(n=...)`) in `.outputs`, as vLLM returns them."""
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_params_list(params, len(prompt_list))
         added = self._add_all(prompt_list, param_list)
-        ids = [
-            sample_id
-            for request_id, sampling in zip(added, param_list, strict=True)
-            for sample_id in sample_ids(request_id, sampling.n)
+        samples = [
+            sample_ids(rid, sampling.n) for rid, sampling in zip(added, param_list, strict=True)
         ]
-        prompt_ids = {rid: tuple(self.engine.requests[rid].prompt_token_ids) for rid in ids}
-        tokens: dict[str, list[int]] = {rid: [] for rid in ids}
-        texts: dict[str, list[str]] = {rid: [] for rid in ids}
-        finished: dict[str, CompletionOutput] = {}
+        # Read before running: the engine forgets a request once it has finished.
+        prompt_ids = [tuple(self.engine.requests[ids[0]].prompt_token_ids) for ids in samples]
+        deltas: defaultdict[str, list[TokenDelta]] = defaultdict(list)
         for delta in self.stream():
-            tokens[delta.request_id].extend(delta.new_token_ids)
-            texts[delta.request_id].append(delta.text)
-            if delta.finish_reason is not None:
-                finished[delta.request_id] = CompletionOutput(
-                    request_id=delta.request_id,
-                    prompt_token_ids=prompt_ids[delta.request_id],
-                    token_ids=tuple(tokens[delta.request_id]),
-                    text="".join(texts[delta.request_id]),
-                    finish_reason=delta.finish_reason,
-                )
-        return [finished[rid] for rid in ids]
+            deltas[delta.request_id].append(delta)
+        return [
+            RequestOutput(
+                request_id=request_id,
+                prompt=prompt if isinstance(prompt, str) else None,
+                prompt_token_ids=prompt_token_ids,
+                outputs=tuple(_completion(index, deltas[sid]) for index, sid in enumerate(ids)),
+                finished=True,
+            )
+            for request_id, prompt, prompt_token_ids, ids in zip(
+                added, prompt_list, prompt_ids, samples, strict=True
+            )
+        ]
 
     def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
         """Queues every prompt, or none: a bad one takes back those queued before it."""
@@ -79,6 +79,18 @@ class LLM:
         """Steps the engine until every queued request has finished, yielding each delta."""
         while self.engine.has_unfinished():
             yield from self.engine.step()
+
+
+def _completion(index: int, deltas: list[TokenDelta]) -> CompletionOutput:
+    """A sample's deltas joined; the last one carries its finish reason."""
+    finish_reason = deltas[-1].finish_reason
+    assert finish_reason is not None  # generate streams until every request has finished
+    return CompletionOutput(
+        index=index,
+        text="".join(delta.text for delta in deltas),
+        token_ids=tuple(token for delta in deltas for token in delta.new_token_ids),
+        finish_reason=finish_reason,
+    )
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pdserve.core.request import RequestStatus
 
 
-class FinishReason(enum.Enum):
+class FinishReason(enum.StrEnum):
+    """A str, as vLLM's `finish_reason` is: `out.finish_reason == "length"` holds."""
+
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens reached
     ABORTED = "aborted"
@@ -41,10 +43,22 @@ class TokenDelta:
 
 @dataclass(frozen=True)
 class CompletionOutput:
-    """A finished request, as the offline API returns it."""
+    """One finished sample of a request (vLLM's `CompletionOutput`): `index` is its place among the
+    request's n samples, and sample `index` ran with seed `seed + index`."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A finished prompt, as the offline API returns it (vLLM's `RequestOutput`): its n samples in
+    `outputs`, by index. `prompt` is the text given, None when the prompt came as token ids."""
 
     request_id: str
+    prompt: str | None
     prompt_token_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
-    text: str
-    finish_reason: FinishReason
+    outputs: tuple[CompletionOutput, ...]
+    finished: bool

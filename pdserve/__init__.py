@@ -1,6 +1,7 @@
 """pdserve: a disaggregated LLM inference server (router, prefill tier, decode tier).
 
-`pdserve.LLM` and `pdserve.SamplingParams` are the offline API. They are imported on first use so
+`pdserve.LLM` and `pdserve.SamplingParams` are the offline API; `LLM.generate` returns
+`RequestOutput`s holding `CompletionOutput`s, as vLLM's does. They are imported on first use so
 that light entry points (the gRPC client, the CLI parser) never pay for torch.
 """
 
@@ -13,6 +14,8 @@ _LAZY = {
     "LLM": "pdserve.core.llm",
     "SamplingParams": "pdserve.core.sampling_params",
     "EngineConfig": "pdserve.core.config",
+    "RequestOutput": "pdserve.core.outputs",
+    "CompletionOutput": "pdserve.core.outputs",
 }
 
 
@@ -22,4 +25,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'pdserve' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "EngineConfig", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams"]

@@ -34,7 +34,8 @@ def run_once(packed: bool) -> float:
     ]
     start = time.perf_counter()
     outputs = llm.generate([r["prompt"] for r in requests], params)
-    return sum(len(out.token_ids) for out in outputs) / (time.perf_counter() - start)
+    tokens = sum(len(sample.token_ids) for out in outputs for sample in out.outputs)
+    return tokens / (time.perf_counter() - start)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -50,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
     reference = LLM(model_dir, max_num_seqs=len(workload), num_swap_blocks=0)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     outputs = reference.generate([list(r.prompt) for r in workload], params)
-    texts = [(list(r.prompt), list(o.token_ids)) for r, o in zip(workload, outputs, strict=True)]
+    texts = [
+        (list(r.prompt), list(o.outputs[0].token_ids))
+        for r, o in zip(workload, outputs, strict=True)
+    ]
     fp32 = reference.engine.runner.model
     config = load_model_config(model_dir)
     candidate = load_model(

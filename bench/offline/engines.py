@@ -174,7 +174,7 @@ def _load_ours(
         outputs = llm.generate(
             [list(r.prompt) for r in requests], [greedy_params(r) for r in requests]
         )
-        return sum(len(output.token_ids) for output in outputs)
+        return sum(len(sample.token_ids) for output in outputs for sample in output.outputs)
 
     return generate
 

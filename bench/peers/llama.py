@@ -1,10 +1,9 @@
 """llama.cpp as the side-by-side peer: its build, the GGUF of the same weights, and its runs.
 
-Everything lives in one cache folder (default `~/.cache/pdserve/peers`, the layout of
-/work/shared/peers/README.md): `dl/` (the llama-cpp-python sdist, which vendors llama.cpp),
-`build/bin/` (llama-server, llama-batched-bench), `venv-convert/` (llama.cpp's converter with its
-requirements) and the GGUF files. Building takes 30-100 minutes on 2 cores, so it runs only when
-the binaries are missing.
+Everything lives in one cache folder (default `~/.cache/pdserve/peers`): `dl/` (the
+llama-cpp-python sdist, which vendors llama.cpp), `build/bin/` (llama-server, llama-batched-bench),
+`venv-convert/` (llama.cpp's converter with its requirements) and the GGUF files. Building takes
+30-100 minutes on 2 cores, so it runs only when the binaries are missing.
 """
 
 from __future__ import annotations

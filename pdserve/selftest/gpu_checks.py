@@ -166,7 +166,7 @@ def _cuda_time(call: Callable[[], object], repeats: int = 20) -> float:
 def up_on_gpu(prompt: str = "The capital of France is") -> tuple[bool, dict[str, Any]]:
     """`pdserve up` with both tiers on CUDA, then one `pdserve generate` through the router."""
     pdserve = str(Path(sys.executable).with_name("pdserve"))
-    port = "54051"  # the speed helper's port range (docs/contract.md)
+    port = "54051"  # off the defaults (50051, 9100), so a stack already up here is not in the way
     up = subprocess.Popen(
         [pdserve, "up", "--port", port, "--metrics-port", "54100", "--", "--device", "cuda"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

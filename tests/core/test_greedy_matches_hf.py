@@ -34,7 +34,7 @@ def test_greedy_equals_transformers(
     llm = LLM(model_dir, **vars(config))
     outputs = llm.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0))
 
-    assert [list(out.token_ids) for out in outputs] == hf_greedy
+    assert [list(out.outputs[0].token_ids) for out in outputs] == hf_greedy
     scheduler = llm.engine.scheduler
     if scenario == "swap":
         assert scheduler.num_swaps_out > 0
@@ -48,7 +48,23 @@ def test_text_is_the_decoded_tokens(
 ) -> None:
     llm = LLM(model_dir, num_kv_blocks=128)
     for out in llm.generate(prompts[:3], SamplingParams(max_tokens=16, temperature=0)):
-        assert out.text == tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
+        sample = out.outputs[0]
+        assert sample.text == tokenizer.decode(list(sample.token_ids), skip_special_tokens=True)
+
+
+def test_an_output_per_prompt_carries_its_prompt(
+    model_dir: Path, prompts: list[list[int]], tokenizer: Any
+) -> None:
+    """vLLM's shape: one RequestOutput per prompt, in order, with the prompt as given (text, or
+    None for token ids) and its token ids."""
+    llm = LLM(model_dir, num_kv_blocks=128)
+    text = "The capital of France is"
+    outputs = llm.generate([text, prompts[2]], SamplingParams(max_tokens=4, temperature=0))
+    assert [out.prompt for out in outputs] == [text, None]
+    assert [list(out.prompt_token_ids) for out in outputs] == [tokenizer.encode(text), prompts[2]]
+    assert all(out.finished and len(out.outputs) == 1 for out in outputs)
+    assert [out.outputs[0].index for out in outputs] == [0, 0]
+    assert len({out.request_id for out in outputs}) == 2
 
 
 def assert_engine_empty(llm: LLM) -> None:

@@ -29,7 +29,7 @@ def _int8(model_dir: Path, scenario: str) -> LLM:
 
 
 def _tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    return [list(out.token_ids) for out in llm.generate(prompts, params)]
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)]
 
 
 @pytest.fixture(scope="module")

@@ -28,14 +28,15 @@ def test_each_sample_equals_a_single_run_with_its_derived_seed(
     singles = llm.generate([prompt] * N, [_sampled(100 + i) for i in range(N)])
     assert_engine_empty(llm)
     # Two requests of n samples and a plain one, so forks run next to others (and under pressure).
-    outputs = llm.generate(
+    many, one, again = llm.generate(
         [prompt, prompts[5], prompt], [_sampled(100, N), _sampled(7), _sampled(100, N)]
     )
-    assert [out.request_id.rpartition("/")[2] for out in outputs[:N]] == ["0", "1", "2", "3"]
-    tokens = [out.token_ids for out in outputs]
-    assert tokens[:N] == [out.token_ids for out in singles]
-    assert tokens[N + 1 :] == tokens[:N]
-    assert len(set(tokens[:N])) > 1, "samples with different seeds should differ"
+    assert [sample.index for sample in many.outputs] == list(range(N))
+    assert len(one.outputs) == 1
+    tokens = [sample.token_ids for sample in many.outputs]
+    assert tokens == [single.outputs[0].token_ids for single in singles]
+    assert [sample.token_ids for sample in again.outputs] == tokens
+    assert len(set(tokens)) > 1, "samples with different seeds should differ"
     assert_engine_empty(llm)
 
 
@@ -44,10 +45,13 @@ def test_greedy_samples_all_equal_transformers(
 ) -> None:
     llm = LLM(model_dir, num_kv_blocks=64)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0, n=3)
-    outputs = llm.generate(prompts[2:5], params)
-    assert [list(out.token_ids) for out in outputs] == [
-        expected for expected in hf_greedy[2:5] for _ in range(3)
+    outputs = llm.generate(prompts[2:4], params)
+    assert len(outputs) == 2  # one per prompt, its 3 samples inside (vLLM's shape)
+    assert [[list(sample.token_ids) for sample in out.outputs] for out in outputs] == [
+        [expected] * 3 for expected in hf_greedy[2:4]
     ]
+    assert [[sample.index for sample in out.outputs] for out in outputs] == [[0, 1, 2]] * 2
+    assert [list(out.prompt_token_ids) for out in outputs] == prompts[2:4]
     assert_engine_empty(llm)
 
 

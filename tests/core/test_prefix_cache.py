@@ -36,7 +36,7 @@ def test_cached_prefixes_give_transformers_tokens(
     params = SamplingParams(max_tokens=SHARED_MAX_TOKENS, temperature=0)
     for _ in range(2):  # the second pass reuses the first pass's blocks where they survived
         outputs = llm.generate(shared_prompts, params)
-        assert [list(out.token_ids) for out in outputs] == shared_hf_greedy
+        assert [list(out.outputs[0].token_ids) for out in outputs] == shared_hf_greedy
         assert_engine_empty(llm)
     stats = llm.engine.stats()
     assert (stats.num_prefix_hit_tokens > 0) == caching
@@ -55,7 +55,7 @@ def test_repeated_prompt_reuses_all_but_its_last_token(
     before = llm.engine.stats()
     again = llm.generate(prompt, params)
     after = llm.engine.stats()
-    assert again[0].token_ids == first[0].token_ids
+    assert again[0].outputs[0].token_ids == first[0].outputs[0].token_ids
     assert after.num_prefix_hit_tokens - before.num_prefix_hit_tokens == 8 * 16
     assert after.num_prefix_query_tokens - before.num_prefix_query_tokens == len(prompt)
 

@@ -47,5 +47,5 @@ def test_sjf_greedy_equals_transformers(
 ) -> None:
     llm = LLM(model_dir, policy="sjf", max_num_seqs=3, num_kv_blocks=64)
     outputs = llm.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0))
-    assert [list(out.token_ids) for out in outputs] == hf_greedy
+    assert [list(out.outputs[0].token_ids) for out in outputs] == hf_greedy
     assert_engine_empty(llm)

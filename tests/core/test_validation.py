@@ -55,7 +55,7 @@ def test_bad_requests_name_the_field_and_lose_nothing(
     with pytest.raises(InvalidRequestError, match=f"^{field}:"):
         llm.generate(["Hello", prompt], SamplingParams(max_tokens=max_tokens, temperature=0))
     assert not llm.engine.requests  # the good request queued before it was taken back
-    assert llm.generate("Hello", SamplingParams(max_tokens=3))[0].token_ids
+    assert llm.generate("Hello", SamplingParams(max_tokens=3))[0].outputs[0].token_ids
 
 
 def test_abort_frees_blocks(llm: LLM) -> None:

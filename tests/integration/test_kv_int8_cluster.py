@@ -47,7 +47,7 @@ def int8_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 def _offline_int8(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     offline = LLM(model_dir, num_kv_blocks=256, num_swap_blocks=0, kv_cache_dtype="int8")
     params = OfflineParams(max_tokens=max_tokens, temperature=0)
-    return [list(out.token_ids) for out in offline.generate(prompts, params)]
+    return [list(out.outputs[0].token_ids) for out in offline.generate(prompts, params)]
 
 
 def test_int8_cluster_gives_the_offline_int8_tokens(

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pdserve.core.llm import LLM
+from pdserve.core.outputs import RequestOutput
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.kernels import _backend
 
@@ -25,7 +26,7 @@ def test_greedy_tokens_with_triton_equal_torch_on_the_gpu(
     with_triton = LLM(model_dir, device="cuda", num_kv_blocks=256).generate(prompts, params)
     monkeypatch.setattr(_backend, "use_triton", lambda device: False)
     with_torch = LLM(model_dir, device="cuda", num_kv_blocks=256).generate(prompts, params)
-    assert [out.token_ids for out in with_triton] == [out.token_ids for out in with_torch]
+    assert _tokens(with_triton) == _tokens(with_torch)
 
 
 def test_greedy_tokens_on_the_gpu_equal_transformers(
@@ -33,4 +34,8 @@ def test_greedy_tokens_on_the_gpu_equal_transformers(
 ) -> None:
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0)
     outputs = LLM(model_dir, device="cuda", num_kv_blocks=256).generate(prompts, params)
-    assert [list(out.token_ids) for out in outputs] == hf_greedy
+    assert _tokens(outputs) == hf_greedy
+
+
+def _tokens(outputs: list[RequestOutput]) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in outputs]
