@@ -63,18 +63,29 @@ def prefill_attention(
         picked = torch.tensor(one_token, device=q.device)
         one_token_rows = query_start_loc[picked].long()
         out[one_token_rows] = decode_attention(
-            q[one_token_rows], k_cache, v_cache, block_tables[picked], context_lens[picked], scale,
+            q[one_token_rows],
+            k_cache,
+            v_cache,
+            block_tables[picked],
+            context_lens[picked],
+            scale,
             sliding_window,
-        )  # fmt: skip
+        )
     batched = set(one_token) if len(one_token) > 1 else set()
     for seq in range(shape.num_seqs):
         if query_lens[seq] == 0 or seq in batched:
             continue
         rows = slice(starts[seq], starts[seq + 1])
         out[rows] = _prefill_one(
-            q[rows], k_cache, v_cache, block_tables[seq], lens_host[seq], shape, scale,
+            q[rows],
+            k_cache,
+            v_cache,
+            block_tables[seq],
+            lens_host[seq],
+            shape,
+            scale,
             sliding_window,
-        )  # fmt: skip
+        )
     return out
 
 

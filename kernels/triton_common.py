@@ -26,9 +26,19 @@ def load_scaled_q(q_ptrs, mask, scale_log2e, k_cache_ptr, DOT_FP32: tl.constexpr
 
 @triton.jit
 def load_kv_tile(
-    k_cache_ptr, v_cache_ptr, table_row_ptr, tokens, token_ok, head_offset, dims, dim_ok,
-    stride_c_block, stride_c_token, BLOCK_SIZE: tl.constexpr, DOT_FP32: tl.constexpr,
-):  # fmt: skip
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,
+    tokens,
+    token_ok,
+    head_offset,
+    dims,
+    dim_ok,
+    stride_c_block,
+    stride_c_token,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     """K and V of `tokens` ([TILE, HEAD_PAD]) through the sequence's block-table row."""
     block = tl.load(table_row_ptr + tokens // BLOCK_SIZE, mask=token_ok, other=0).to(tl.int64)
     offsets = block * stride_c_block + (tokens % BLOCK_SIZE) * stride_c_token + head_offset

@@ -24,15 +24,36 @@ TILE = 64
 
 @triton.jit
 def decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    scale_log2e, sliding_window, split_len, num_splits,
-    stride_q_seq, stride_q_head, stride_c_block, stride_c_token, stride_c_head,
-    stride_bt_seq, stride_o_seq, stride_o_head,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, DOT_FP32: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    scale_log2e,
+    sliding_window,
+    split_len,
+    num_splits,
+    stride_q_seq,
+    stride_q_head,
+    stride_c_block,
+    stride_c_token,
+    stride_c_head,
+    stride_bt_seq,
+    stride_o_seq,
+    stride_o_head,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
-):  # fmt: skip
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -57,9 +78,19 @@ def decode_kernel(
         tokens = start + tl.arange(0, TILE)
         token_ok = tokens < last
         k, v = load_kv_tile(
-            k_cache_ptr, v_cache_ptr, table_row, tokens, token_ok, head_offset, dims, dim_ok,
-            stride_c_block, stride_c_token, BLOCK_SIZE, DOT_FP32,
-        )  # fmt: skip
+            k_cache_ptr,
+            v_cache_ptr,
+            table_row,
+            tokens,
+            token_ok,
+            head_offset,
+            dims,
+            dim_ok,
+            stride_c_block,
+            stride_c_token,
+            BLOCK_SIZE,
+            DOT_FP32,
+        )
         m, l, acc = attend_tile(q, k, v, token_ok[None, :], m, l, acc)  # noqa: E741
 
     if SINGLE_SPLIT:
@@ -75,9 +106,17 @@ def decode_kernel(
 
 @triton.jit
 def merge_splits_kernel(
-    out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, num_splits, stride_o_seq, stride_o_head,
-    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-):  # fmt: skip
+    out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    num_splits,
+    stride_o_seq,
+    stride_o_head,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
@@ -141,17 +180,47 @@ def decode_attention(
     part_l = q.new_empty(part_rows, dtype=torch.float32) if splits > 1 else out
     part_acc = q.new_empty((*part_rows, head_pad), dtype=torch.float32) if splits > 1 else out
     decode_kernel[(shape.num_seqs, shape.num_kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_m, part_l, part_acc,
-        scale * LOG2E, window, split_len, splits,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=shape.group_size, GROUP_PAD=group_pad(shape.group_size), HEAD_DIM=shape.head_dim,
-        HEAD_PAD=head_pad, BLOCK_SIZE=shape.block_size, TILE=TILE,
-        DOT_FP32=q.dtype == torch.float32 or TRITON_INTERPRET, SINGLE_SPLIT=splits == 1,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_m,
+        part_l,
+        part_acc,
+        scale * LOG2E,
+        window,
+        split_len,
+        splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=shape.group_size,
+        GROUP_PAD=group_pad(shape.group_size),
+        HEAD_DIM=shape.head_dim,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=shape.block_size,
+        TILE=TILE,
+        DOT_FP32=q.dtype == torch.float32 or TRITON_INTERPRET,
+        SINGLE_SPLIT=splits == 1,
+    )
     if splits > 1:
         merge_splits_kernel[(shape.num_seqs, shape.num_heads)](
-            out, part_m, part_l, part_acc, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=shape.head_dim, HEAD_PAD=head_pad, SPLITS_PAD=triton.next_power_of_2(splits),
-        )  # fmt: skip
+            out,
+            part_m,
+            part_l,
+            part_acc,
+            splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=shape.head_dim,
+            HEAD_PAD=head_pad,
+            SPLITS_PAD=triton.next_power_of_2(splits),
+        )
     return out

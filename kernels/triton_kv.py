@@ -18,11 +18,22 @@ COPY_CHUNK = 1024
 
 @triton.jit
 def write_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-    stride_k_token, stride_k_head, stride_v_token, stride_v_head, stride_c_token, stride_c_head,
-    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    stride_k_token,
+    stride_k_head,
+    stride_v_token,
+    stride_v_head,
+    stride_c_token,
+    stride_c_head,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-):  # fmt: skip
+):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:  # padding token of a captured batch: nothing to store
@@ -41,9 +52,15 @@ def write_kv_kernel(
 
 @triton.jit
 def copy_blocks_kernel(
-    src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr, src_blocks, dst_blocks, block_numel,
+    src_ptr,
+    dst_ptr,
+    src_ids_ptr,
+    dst_ids_ptr,
+    src_blocks,
+    dst_blocks,
+    block_numel,
     CHUNK: tl.constexpr,
-):  # fmt: skip
+):
     pair = tl.program_id(0)
     outer = tl.program_id(1).to(tl.int64)
     chunk = tl.program_id(2)
@@ -72,11 +89,22 @@ def write_kv(
         k, v = k.contiguous(), v.contiguous()
     kv_heads, head_dim = k.shape[1], k.shape[2]
     write_kv_kernel[(k.shape[0],)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
-        KV_HEADS=kv_heads, HEAD_DIM=head_dim, HEADS_PAD=triton.next_power_of_2(kv_heads),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(kv_heads),
         HEAD_PAD=triton.next_power_of_2(head_dim),
-    )  # fmt: skip
+    )
 
 
 def copy_blocks(
@@ -93,6 +121,12 @@ def copy_blocks(
     block_numel = math.prod(src.shape[dim + 1 :])
     grid = (src_ids.numel(), outer, triton.cdiv(block_numel, COPY_CHUNK))
     copy_blocks_kernel[grid](
-        src, dst, src_ids.to(src.device), dst_ids.to(src.device),
-        src.shape[dim], dst.shape[dim], block_numel, CHUNK=COPY_CHUNK,
-    )  # fmt: skip
+        src,
+        dst,
+        src_ids.to(src.device),
+        dst_ids.to(src.device),
+        src.shape[dim],
+        dst.shape[dim],
+        block_numel,
+        CHUNK=COPY_CHUNK,
+    )

@@ -22,14 +22,31 @@ from .triton_common import LOG2E, NO_WINDOW, attend_tile, load_kv_tile, load_sca
 
 @triton.jit
 def prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, context_lens_ptr,
-    out_ptr, scale_log2e, sliding_window,
-    stride_q_token, stride_q_head, stride_c_block, stride_c_token, stride_c_head,
-    stride_bt_seq, stride_o_token, stride_o_head,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    context_lens_ptr,
+    out_ptr,
+    scale_log2e,
+    sliding_window,
+    stride_q_token,
+    stride_q_head,
+    stride_c_block,
+    stride_c_token,
+    stride_c_head,
+    stride_bt_seq,
+    stride_o_token,
+    stride_o_head,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr,
-):  # fmt: skip
+):
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
@@ -59,9 +76,19 @@ def prefill_kernel(
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < last
         k, v = load_kv_tile(
-            k_cache_ptr, v_cache_ptr, table_row, keys, key_ok, head_offset, dims, dim_ok,
-            stride_c_block, stride_c_token, BLOCK_SIZE, DOT_FP32,
-        )  # fmt: skip
+            k_cache_ptr,
+            v_cache_ptr,
+            table_row,
+            keys,
+            key_ok,
+            head_offset,
+            dims,
+            dim_ok,
+            stride_c_block,
+            stride_c_token,
+            BLOCK_SIZE,
+            DOT_FP32,
+        )
         distance = positions[:, None] - keys[None, :]
         visible = key_ok[None, :] & (distance >= 0) & (distance < sliding_window)
         m, l, acc = attend_tile(q, k, v, visible, m, l, acc)  # noqa: E741
@@ -103,12 +130,29 @@ def prefill_attention(
     block_m, block_n = tile_sizes(q.dtype, shape.head_dim)
     grid = (triton.cdiv(q.shape[0], block_m), shape.num_heads, shape.num_seqs)
     prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start_loc, context_lens, out,
-        scale * LOG2E, NO_WINDOW if sliding_window is None else sliding_window,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=shape.group_size, HEAD_DIM=shape.head_dim,
-        HEAD_PAD=triton.next_power_of_2(shape.head_dim), BLOCK_SIZE=shape.block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=q.dtype == torch.float32 or TRITON_INTERPRET,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        context_lens,
+        out,
+        scale * LOG2E,
+        NO_WINDOW if sliding_window is None else sliding_window,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=shape.group_size,
+        HEAD_DIM=shape.head_dim,
+        HEAD_PAD=triton.next_power_of_2(shape.head_dim),
+        BLOCK_SIZE=shape.block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        DOT_FP32=q.dtype == torch.float32 or TRITON_INTERPRET,
+    )
     return out

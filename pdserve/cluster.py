@@ -141,13 +141,23 @@ class Cluster:
         spec = self.spec
         port, metrics_port = spec.base_port + offset, spec.metrics_base_port + offset
         command = [
-            sys.executable, "-m", "pdserve", role,
-            "--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port),
-            "--model", str(spec.model_dir),
-            "--drain-grace-seconds", str(spec.drain_grace_seconds),
+            sys.executable,
+            "-m",
+            "pdserve",
+            role,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--model",
+            str(spec.model_dir),
+            "--drain-grace-seconds",
+            str(spec.drain_grace_seconds),
             *(spec.tls.args(role) if spec.tls is not None else []),
             *extra,
-        ]  # fmt: skip
+        ]
         output: int | BinaryIO = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)

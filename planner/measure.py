@@ -161,9 +161,13 @@ def measure(model_dir: Path, config: EngineConfig, repeats: int, seed: int = 0) 
     }
     cpu_clock = config.device == "cpu"
     return Profile(
-        fit(samples, cpu_clock), measure_blocks(engine), config.block_size, environment,
-        tuple(samples), contention_of(samples) if cpu_clock else 1.0,
-    )  # fmt: skip
+        fit(samples, cpu_clock),
+        measure_blocks(engine),
+        config.block_size,
+        environment,
+        tuple(samples),
+        contention_of(samples) if cpu_clock else 1.0,
+    )
 
 
 def _device_name(device: str) -> str:

@@ -81,9 +81,11 @@ def plot(result: SimResult, path: Path) -> None:
     done = [j for j in result.journeys if j.token_times]
     latency.plot([j.arrival_s for j in done], [_ttft(j) for j in done], ".", label="TTFT")
     latency.plot(
-        [j.arrival_s for j in done], [j.token_times[-1] - j.arrival_s for j in done], ".",
+        [j.arrival_s for j in done],
+        [j.token_times[-1] - j.arrival_s for j in done],
+        ".",
         label="end to end",
-    )  # fmt: skip
+    )
     latency.set_ylabel("seconds")
     latency.legend()
     for worker in sorted({u.worker for u in result.usage}):

@@ -70,8 +70,11 @@ class Aborts:
                 except grpc.aio.AioRpcError as error:
                     log.warning(
                         "request %s: Abort on %s failed (try %d): %s",
-                        request_id, decode.address, attempt, error.code().name,
-                    )  # fmt: skip
+                        request_id,
+                        decode.address,
+                        attempt,
+                        error.code().name,
+                    )
                     await asyncio.sleep(min(timeout, 1.0))
                     timeout *= 2
         finally:

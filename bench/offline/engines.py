@@ -117,9 +117,15 @@ def time_run(engine: LoadedEngine, workload: list[WorkloadRequest], repeat: int)
             f"{engine.kind.value}: produced {output_tokens} tokens, expected {expected}"
         )
     return EngineRun(
-        engine.kind, engine.max_batch, repeat, len(workload), output_tokens, seconds, cpu_seconds,
+        engine.kind,
+        engine.max_batch,
+        repeat,
+        len(workload),
+        output_tokens,
+        seconds,
+        cpu_seconds,
         engine.load_seconds,
-    )  # fmt: skip
+    )
 
 
 def _warmup_workload(workload: list[WorkloadRequest]) -> list[WorkloadRequest]:

@@ -114,9 +114,13 @@ def plot(summaries: list[Summary], path: Path, title: str) -> None:
             [max(p.tokens_per_s) - m for m, p in zip(means, points, strict=True)],
         ]
         axes.errorbar(
-            [p.max_batch for p in points], means, yerr=errors, marker="o", capsize=3,
+            [p.max_batch for p in points],
+            means,
+            yerr=errors,
+            marker="o",
+            capsize=3,
             label=engine.value,
-        )  # fmt: skip
+        )
     axes.set_xscale("log", base=2)
     batches = sorted({s.max_batch for s in summaries})
     axes.set_xticks(batches, [str(b) for b in batches])

@@ -132,10 +132,15 @@ def _batch1(
     return [
         PeerResult("pdserve", 1, steps, steps * ours_ms / 1e3, load, weights["pdserve"], ours_ms),
         PeerResult(
-            "llama.cpp", 1, steps, steps * theirs_ms / 1e3, theirs_load, weights["llama.cpp"],
+            "llama.cpp",
+            1,
+            steps,
+            steps * theirs_ms / 1e3,
+            theirs_load,
+            weights["llama.cpp"],
             theirs_ms,
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _slot_list(text: str) -> list[int]:

@@ -116,10 +116,28 @@ def _run(command: list[str]) -> None:
 def serving(peer: Peer, gguf: Path, slots: int, port: int) -> Iterator[str]:
     """llama-server with `slots` parallel slots and continuous batching; yields its base URL."""
     command = [
-        str(peer.binary("llama-server")), "-m", str(gguf), "-t", str(THREADS), "-tb", str(THREADS),
-        "-c", str(slots * SLOT_CONTEXT), "-np", str(slots), "-cb", "--host", "127.0.0.1",
-        "--port", str(port), "--no-webui", "-b", "2048", "-ub", "512",
-    ]  # fmt: skip
+        str(peer.binary("llama-server")),
+        "-m",
+        str(gguf),
+        "-t",
+        str(THREADS),
+        "-tb",
+        str(THREADS),
+        "-c",
+        str(slots * SLOT_CONTEXT),
+        "-np",
+        str(slots),
+        "-cb",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-webui",
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+    ]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -163,9 +181,14 @@ def run_workload(url: str, workload: list[WorkloadRequest]) -> float:
 
 def _complete(url: str, request: WorkloadRequest) -> dict[str, Any]:
     body = {
-        "prompt": list(request.prompt), "n_predict": request.max_tokens, "ignore_eos": True,
-        "temperature": 0.0, "top_k": 1, "cache_prompt": False, "stream": False,
-    }  # fmt: skip
+        "prompt": list(request.prompt),
+        "n_predict": request.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "top_k": 1,
+        "cache_prompt": False,
+        "stream": False,
+    }
     http = urllib.request.Request(
         f"{url}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
@@ -177,11 +200,24 @@ def _complete(url: str, request: WorkloadRequest) -> dict[str, Any]:
 def batch1_ms_per_token(peer: Peer, gguf: Path, prompt_tokens: int, decode_tokens: int) -> float:
     """llama-batched-bench with one sequence: milliseconds per generated token."""
     command = [
-        str(peer.binary("llama-batched-bench")), "-m", str(gguf), "-t", str(THREADS),
-        "-tb", str(THREADS), "-c", str(2 * (prompt_tokens + decode_tokens)),
-        "-npp", str(prompt_tokens), "-ntg", str(decode_tokens), "-npl", "1",
-        "--output-format", "jsonl",
-    ]  # fmt: skip
+        str(peer.binary("llama-batched-bench")),
+        "-m",
+        str(gguf),
+        "-t",
+        str(THREADS),
+        "-tb",
+        str(THREADS),
+        "-c",
+        str(2 * (prompt_tokens + decode_tokens)),
+        "-npp",
+        str(prompt_tokens),
+        "-ntg",
+        str(decode_tokens),
+        "-npl",
+        "1",
+        "--output-format",
+        "jsonl",
+    ]
     output = subprocess.run(command, check=True, capture_output=True, text=True)
     return parse_batched_bench(output.stdout + output.stderr)
 

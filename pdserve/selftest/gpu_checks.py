@@ -169,14 +169,18 @@ def up_on_gpu(prompt: str = "The capital of France is") -> tuple[bool, dict[str,
     port = "54051"  # off the defaults (50051, 9100), so a stack already up here is not in the way
     up = subprocess.Popen(
         [pdserve, "up", "--port", port, "--metrics-port", "54100", "--", "--device", "cuda"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for_line(up, UP_READY_LINE, UP_TIMEOUT_S)
         generate = subprocess.run(
             [pdserve, "generate", "--address", f"127.0.0.1:{port}", "--max-tokens", "8", prompt],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         output = generate.stdout.strip()
         return generate.returncode == 0 and bool(output), {"generated": output[-300:]}
     finally:

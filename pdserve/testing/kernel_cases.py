@@ -124,9 +124,14 @@ def check_prefill(
     if case.query_start_loc is None:
         raise ValueError("case: a prefill case needs query_start_loc (build it with query_lens)")
     args = (
-        case.q, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
-        case.context_lens, case.scale,
-    )  # fmt: skip
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.query_start_loc,
+        case.context_lens,
+        case.scale,
+    )
     out = prefill(*args, sliding_window=window)
     if out.shape != case.q.shape:
         raise AssertionError(f"prefill output shape {tuple(out.shape)}")

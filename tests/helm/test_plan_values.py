@@ -25,8 +25,9 @@ WARNING = 2
 
 
 def _profile(path: Path, fixed_s: float, per_prefill_token_s: float) -> Path:
-    blocks = BlockCosts(block_nbytes=1, swap_s=0.0, gather_s=0.0, scatter_s=0.001,
-                        wire_bytes_per_s=1e9)  # fmt: skip
+    blocks = BlockCosts(
+        block_nbytes=1, swap_s=0.0, gather_s=0.0, scatter_s=0.001, wire_bytes_per_s=1e9
+    )
     model = CostModel((fixed_s, per_prefill_token_s, 0.0, 0.001, 0.0))
     Profile(model, blocks, block_size=16).save(path)
     return path
@@ -35,13 +36,32 @@ def _profile(path: Path, fixed_s: float, per_prefill_token_s: float) -> Path:
 def _plan(tmp_path: Path, per_prefill_token_s: float) -> dict[str, Any]:
     profile = _profile(tmp_path / "profile.json", 0.02, per_prefill_token_s)
     workload = tmp_path / "mixed.json"
-    workload.write_text(json.dumps({
-        "rate": 1, "duration_s": 60, "prompt_tokens": {"min": 10, "max": 100},
-        "output_tokens": {"min": 20, "max": 200},
-    }))  # fmt: skip
+    workload.write_text(
+        json.dumps(
+            {
+                "rate": 1,
+                "duration_s": 60,
+                "prompt_tokens": {"min": 10, "max": 100},
+                "output_tokens": {"min": 20, "max": 200},
+            }
+        )
+    )
     out = tmp_path / "values.yaml"
-    argv = ["plan", "--profile", str(profile), "--workload", str(workload), "--rate", "4",
-            "--slo-ttft-p90", "0.5", "--slo-itl-p99", "0.1", "--out", str(out)]  # fmt: skip
+    argv = [
+        "plan",
+        "--profile",
+        str(profile),
+        "--workload",
+        str(workload),
+        "--rate",
+        "4",
+        "--slo-ttft-p90",
+        "0.5",
+        "--slo-itl-p99",
+        "0.1",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     values: dict[str, Any] = yaml.safe_load(out.read_text())
     return values
@@ -60,8 +80,11 @@ def test_plan_values_lint_render_and_validate(
     for obj in objects:
         if obj["kind"] != "ServiceMonitor":
             kubernetes_validate.validate(obj, "1.33", strict=True)
-    hpas = {o["metadata"]["name"].rsplit("-", 1)[-1]: o for o in objects
-            if o["kind"] == "HorizontalPodAutoscaler"}  # fmt: skip
+    hpas = {
+        o["metadata"]["name"].rsplit("-", 1)[-1]: o
+        for o in objects
+        if o["kind"] == "HorizontalPodAutoscaler"
+    }
     for tier in ("prefill", "decode"):
         planned = values[tier]
         if planned["replicas"] == 0:
@@ -70,13 +93,18 @@ def test_plan_values_lint_render_and_validate(
         spec = hpas[tier]["spec"]
         assert spec["minReplicas"] == planned["replicas"] <= spec["maxReplicas"]
         metric = planned["autoscaling"]["podsMetric"]
-        assert spec["metrics"] == [{
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": metric["name"]},
-                "target": {"type": "AverageValue", "averageValue": metric["targetAverageValue"]},
-            },
-        }]  # fmt: skip
+        assert spec["metrics"] == [
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": metric["name"]},
+                    "target": {
+                        "type": "AverageValue",
+                        "averageValue": metric["targetAverageValue"],
+                    },
+                },
+            }
+        ]
 
 
 def test_plan_values_hand_the_simulated_placement_to_the_router(

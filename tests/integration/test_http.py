@@ -73,10 +73,19 @@ def test_completions_greedy_text_equals_the_grpc_path(
 def test_chat_matches_generate_chat_cli(cluster: Cluster, client: openai.OpenAI) -> None:
     question = "What is the capital of France?"
     command = [
-        sys.executable, "-m", "pdserve", "generate", "--chat", question,
-        "--address", cluster.router.address, "--model", str(cluster.spec.model_dir),
-        "--max-tokens", str(MAX_TOKENS),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pdserve",
+        "generate",
+        "--chat",
+        question,
+        "--address",
+        cluster.router.address,
+        "--model",
+        str(cluster.spec.model_dir),
+        "--max-tokens",
+        str(MAX_TOKENS),
+    ]
     printed = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
     messages: Any = [{"role": "user", "content": question}]
     reply = client.chat.completions.create(

@@ -109,9 +109,16 @@ def test_workers_admit_only_the_router(tls_cluster: Cluster, pki: Pki) -> None:
 
 def test_generate_cli_speaks_tls_with_tls_ca(tls_cluster: Cluster, pki: Pki) -> None:
     command = [
-        sys.executable, "-m", "pdserve", "generate", PROMPTS[0],
-        "--address", tls_cluster.router.address, "--max-tokens", "12",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pdserve",
+        "generate",
+        PROMPTS[0],
+        "--address",
+        tls_cluster.router.address,
+        "--max-tokens",
+        "12",
+    ]
     trusted = [*command, "--tls-ca", str(pki.ca.cert_path)]
     printed = subprocess.run(trusted, capture_output=True, text=True, timeout=120, check=True)
     assert printed.stdout == asyncio.run(greedy_text(tls_cluster.router.address, pki)) + "\n"

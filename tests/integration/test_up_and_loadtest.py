@@ -41,20 +41,43 @@ def _wait_router_ready(address: str, process: subprocess.Popen[bytes], timeout_s
 def test_loadtest_runner_against_pdserve_up(model_dir: Path, tmp_path: Path) -> None:
     port, metrics_port = free_port_base(), free_port_base()
     command = [
-        sys.executable, "-m", "pdserve", "up", "--model", str(model_dir),
-        "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", str(port + 1),
-        "--log-dir", str(tmp_path / "logs"), "--", *WORKER_ARGS,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pdserve",
+        "up",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+        "--http-port",
+        str(port + 1),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--",
+        *WORKER_ARGS,
+    ]
     up = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_router_ready(f"127.0.0.1:{port}", up, timeout_s=300)
         report_path = tmp_path / "report.json"
         runner = [
-            sys.executable, "-m", "pdserve", "loadtest",
+            sys.executable,
+            "-m",
+            "pdserve",
+            "loadtest",
             str(REPO / "loadtest" / "stream_concurrency.json"),
-            "--host", f"127.0.0.1:{port}", "-c", "4", "-n", "12", "-q",
-            "--output", str(report_path),
-        ]  # fmt: skip
+            "--host",
+            f"127.0.0.1:{port}",
+            "-c",
+            "4",
+            "-n",
+            "12",
+            "-q",
+            "--output",
+            str(report_path),
+        ]
         load = subprocess.run(runner, capture_output=True, text=True, timeout=300)
         assert load.returncode == 0, load.stderr
         report = json.loads(report_path.read_text())

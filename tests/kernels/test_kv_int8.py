@@ -64,9 +64,14 @@ def test_write_kv_refuses_a_cache_whose_rows_do_not_fit() -> None:
 
 def _quantized(case: PagedAttentionCase) -> PagedAttentionCase:
     return PagedAttentionCase(
-        case.q, quantize(case.k_cache), quantize(case.v_cache), case.block_tables,
-        case.context_lens, case.query_start_loc, case.scale,
-    )  # fmt: skip
+        case.q,
+        quantize(case.k_cache),
+        quantize(case.v_cache),
+        case.block_tables,
+        case.context_lens,
+        case.query_start_loc,
+        case.scale,
+    )
 
 
 def _output_bound(case: PagedAttentionCase) -> float:
@@ -111,9 +116,14 @@ def test_decode_over_int8_is_attention_over_the_dequantized_cache(
     case = make_paged_case(LENS, HEADS, dtype, seed=3)
     int8 = _quantized(case)
     out = paged_attention_decode(
-        int8.q, int8.k_cache, int8.v_cache, int8.block_tables, int8.context_lens, int8.scale,
+        int8.q,
+        int8.k_cache,
+        int8.v_cache,
+        int8.block_tables,
+        int8.context_lens,
+        int8.scale,
         sliding_window=window,
-    )  # fmt: skip
+    )
     assert out.dtype == dtype
     dequantized = (dequantize(int8.k_cache, dtype), dequantize(int8.v_cache, dtype))
     args = (case.block_tables, case.context_lens, case.scale)

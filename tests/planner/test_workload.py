@@ -19,8 +19,12 @@ from pdserve.planner.workload import (
 )
 from tests.planner.helpers import fixed_step_profile
 
-POISSON = {"rate": 5.0, "duration_s": 200, "prompt_tokens": {"min": 10, "max": 100},
-           "output_tokens": {"min": 20, "max": 200}}  # fmt: skip
+POISSON = {
+    "rate": 5.0,
+    "duration_s": 200,
+    "prompt_tokens": {"min": 10, "max": 100},
+    "output_tokens": {"min": 20, "max": 200},
+}
 
 
 def test_trace_lines_parse_in_arrival_order() -> None:
@@ -121,8 +125,18 @@ def test_simulate_cli_prints_one_json_object(
     fixed_step_profile(0.01).save(profile)
     workload = tmp_path / "trace.jsonl"
     workload.write_text('{"arrival_s": 0, "prompt_tokens": 20, "output_tokens": 3}\n')
-    argv = ["simulate", "--profile", str(profile), "--workload", str(workload),
-            "--prefill", "0", "--decode", "1", "--json"]  # fmt: skip
+    argv = [
+        "simulate",
+        "--profile",
+        str(profile),
+        "--workload",
+        str(workload),
+        "--prefill",
+        "0",
+        "--decode",
+        "1",
+        "--json",
+    ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["config"] == "0P1D" and summary["completed"] == 1
