@@ -28,6 +28,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "peers": ("pdserve.bench.peers.cli", "pdserve side by side with llama.cpp"),
     "router": ("pdserve.bench.router.cli", "the router's overhead and relay over fake tiers"),
+    "router-footprint": (
+        "pdserve.bench.router.footprint",
+        "router start-up time and resident memory (fake tiers)",
+    ),
     "sjf-latency": ("pdserve.bench.sjf.latency", "sjf vs fcfs, wall-clock latency"),
     "sjf-steps": ("pdserve.bench.sjf.steps", "sjf vs fcfs, latency in engine steps"),
     "attention": ("pdserve.bench.micro.attention", "paged attention kernels, Triton vs torch"),

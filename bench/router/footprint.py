@@ -1,6 +1,6 @@
-"""Router start-up time and resident memory: a measurement to run by hand, not a test.
+"""Router start-up time and resident memory.
 
-    .venv/bin/python tests/router/router_footprint.py [--runs 5] [--model DIR]
+    pdserve bench router-footprint [--runs 5] [--model DIR]
 
 Starts zero-work fake tiers (`pdserve bench router --serve-fakes`) once, then a real
 `pdserve router` process (gRPC and HTTP doors on) `--runs` times, one after another. Each run
@@ -109,11 +109,12 @@ def one_run(prefill: str, decode: str, model: Path) -> Figures:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=5, help="router starts, one after another")
     parser.add_argument("--model", type=Path, default=None, help="model folder (its tokenizer)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     with tempfile.TemporaryDirectory() as workdir:
         fakes, prefill, decode = start_fakes(Path(workdir) / "fakes.json")
@@ -128,7 +129,3 @@ def main() -> int:
         values = [getattr(run, key) for run in runs]
         print(f"{key}: median {statistics.median(values)}, min {min(values)}, max {max(values)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
