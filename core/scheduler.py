@@ -34,9 +34,6 @@ otherwise overwrite them before they are read).
 
 from __future__ import annotations
 
-from pdserve.core.block_pool import (
-    blocks_for as blocks_for,  # re-exported: bench/ still imports it from here
-)
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.kv_cache_manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus

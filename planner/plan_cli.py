@@ -9,6 +9,7 @@ was predicted beside what happened (planner/verify.py); `--json` prints that (or
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -128,4 +129,4 @@ def at_rate(workload: Workload, rate: float) -> list[TraceRequest]:
     if span <= 0:
         raise WorkloadSpecError("workload: a trace needs arrivals spread over time to rescale")
     stretch = (len(requests) - 1) / span / rate
-    return [TraceRequest(r.arrival_s * stretch, r.prompt_tokens, r.output_tokens) for r in requests]
+    return [dataclasses.replace(r, arrival_s=r.arrival_s * stretch) for r in requests]

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from pdserve.bench.offline.workload import WorkloadRequest, total_output_tokens
+from pdserve.core.block_pool import blocks_for
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import blocks_for
 
 WARMUP_PROMPT_TOKENS = 8
 WARMUP_MAX_TOKENS = 4
