@@ -70,12 +70,12 @@ def test_unreadable_file_is_a_workload_error(tmp_path: Path) -> None:
 
 
 def test_disagg_spec_ranges_parse_and_bad_ones_name_the_field() -> None:
-    from pdserve.bench.disagg.workload import DEFAULT_SPEC, call_data, parse_spec
+    from pdserve.bench.disagg.workload import DEFAULT_SPEC, parse_spec, plan_requests
 
     classes = parse_spec(DEFAULT_SPEC)
     assert [c.name for c in classes] == ["chat", "long"]
-    for request in call_data(classes, 20, vocab_size=1000):
-        assert 20 <= len(request["prompt_token_ids"]["ids"]) <= 3000
+    for request in plan_requests(classes, 20, vocab_size=1000, seed="ranges"):
+        assert 20 <= len(request.call_data()["prompt_token_ids"]["ids"]) <= 3000
     bad = {
         "classes": [{"prompt_tokens": {"min": 5, "max": 2}, "output_tokens": {"min": 1, "max": 1}}]
     }
