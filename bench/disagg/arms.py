@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.cluster import Cluster, ClusterSpec, CpuPin
+from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.planner.real_runs import own_cores
 
 # This benchmark's ports (docs/benchmarks.md): router at BASE_PORT, workers at fixed offsets.
 BASE_PORT = 50100
@@ -31,17 +31,6 @@ ARMS = {
 }
 
 
-def worker_pins(arm: Arm, cpus: list[int]) -> tuple[CpuPin, ...]:
-    """One core per worker process, prefill first: the same two cores in every arm."""
-    roles = [("prefill", i) for i in range(arm.num_prefill)]
-    roles += [("decode", i) for i in range(arm.num_decode)]
-    if len(roles) > len(cpus):
-        raise ValueError(f"{arm.name}: needs {len(roles)} CPUs, this process may use {cpus}")
-    return tuple(
-        CpuPin(role, index, (cpu,)) for (role, index), cpu in zip(roles, cpus, strict=False)
-    )
-
-
 @contextlib.contextmanager
 def running_arm(
     arm: Arm, model_dir: Path, threshold: int, chunk_tokens: int, log_dir: Path | None
@@ -56,7 +45,7 @@ def running_arm(
         worker_args=("--max-num-batched-tokens", str(chunk_tokens)),
         router_args=("--disagg-threshold", str(threshold if arm.conditional else 0)),
         env=UCX_ENV,
-        pins=worker_pins(arm, sorted(os.sched_getaffinity(0))),
+        pins=own_cores(arm.num_prefill, arm.num_decode),  # the same two cores in every arm
     )
     with Cluster(spec, None if log_dir is None else log_dir / arm.name) as cluster:
         cluster.wait_ready()
