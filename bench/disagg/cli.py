@@ -71,7 +71,7 @@ class Point:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model folder (default: embedded)")
     parser.add_argument("--workload", type=Path, default=None, help="request mix SPEC (JSON)")
-    parser.add_argument("--rates", default="0.1,0.2,0.3,0.4", help="requests/s, comma-separated")
+    parser.add_argument("--rates", default="0.05,0.1,0.2,0.3", help="requests/s, comma-separated")
     parser.add_argument(
         "--duration", type=float, default=60.0, help="seconds of arrivals a point (rate x this)"
     )

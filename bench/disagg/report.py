@@ -74,7 +74,8 @@ class ArmResult:
             goodput=interval.mean * rate,
             completed=sum(o.completed for o in pooled),
             attainment=interval.mean,
-            attainment_ci=(interval.low, interval.high),
+            # A fraction: Student t over 3 repeats can reach past [0, 1]; the truth cannot.
+            attainment_ci=(max(0.0, interval.low), min(1.0, interval.high)),
             repeats=len(repeats),
             requests=len(pooled),
             placements=placements,

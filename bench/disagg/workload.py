@@ -54,7 +54,7 @@ DEFAULT_SPEC: dict[str, Any] = {
             "weight": 0.2,
             "prompt_tokens": {"min": 1000, "max": 3000},
             "output_tokens": {"min": 20, "max": 100},
-            "ttft_slo": {"seconds": 2.0, "per_prompt_token": 0.005},
+            "ttft_slo": {"seconds": 4.0, "per_prompt_token": 0.012},
         },
     ]
 }
