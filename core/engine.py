@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
 from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
+from pdserve.core.sampler import seeded_generator
 from pdserve.core.sampling_params import (
     SAMPLE_SEPARATOR,
     DuplicateRequestError,
@@ -96,11 +97,14 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         request_id: str | None = None,
+        resumed_output: Sequence[int] = (),
     ) -> str:
         """Validates and queues a request; raises InvalidRequestError naming the bad field.
 
         With `params.n` > 1 its samples run as requests `sample_ids(request_id, n)`; the first
-        computes the prompt and the others fork from it (see Request.forks).
+        computes the prompt and the others fork from it (see Request.forks). `resumed_output`:
+        output another worker already streamed (a migration); the request continues after it
+        (see `resume`).
         """
         order = next(self._arrivals)
         request_id = str(order) if request_id is None else request_id
@@ -113,10 +117,13 @@ class LLMEngine:
         self._check_fits(len(token_ids), params.max_tokens)
         if params.n > self.config.max_num_seqs:
             raise InvalidRequestError("n", f"{params.n} exceeds max_num_seqs")
+        resumed = self._resumed_output(resumed_output, params)
         samples = [
             self._new_request(sample_id, token_ids, params.for_sample(index), order, index)
             for index, sample_id in enumerate(ids)
         ]
+        if resumed:
+            self.resume(samples[0], resumed, tokens_sampled_elsewhere=len(resumed))
         if len(token_ids) > 1 and self.scheduler.forks_samples:  # one token: nothing to share
             samples[0].forks, samples = samples[1:], samples[:1]
         for request in samples:
@@ -128,11 +135,37 @@ class LLMEngine:
     ) -> Request:
         request = Request(request_id, list(token_ids), params, order, time.monotonic())
         request.sample_index = index
-        if params.seed is not None:
-            request.generator = torch.Generator().manual_seed(params.seed)
+        request.generator = seeded_generator(params, self.model_config.vocab_size, 0)
         self.requests[request_id] = request
         self._detokenizers[request_id] = self._new_detokenizer(params)
         return request
+
+    def _resumed_output(self, resumed: Sequence[int], params: SamplingParams) -> list[int]:
+        if not resumed:
+            return []
+        field = "resumed_output_token_ids"
+        if params.n != 1:
+            raise InvalidRequestError(field, f"a resumed request runs one sample, not n={params.n}")
+        if len(resumed) >= params.max_tokens:
+            raise InvalidRequestError(
+                field, f"{len(resumed)} tokens leave none of max_tokens ({params.max_tokens})"
+            )
+        return self._token_ids(list(resumed), field)
+
+    def resume(self, request: Request, resumed: list[int], tokens_sampled_elsewhere: int) -> None:
+        """Migration: `request` continues after `resumed`, output a lost worker already streamed.
+        Its KV is computed over prompt + resumed (as after a recompute preemption); the resumed
+        tokens count toward max_tokens; its seeded generator skips the noise of the
+        `tokens_sampled_elsewhere` tokens sampled before its first one here; its detokenizer has
+        already seen them, so text the lost worker held back (an unfinished character, a possible
+        stop string's start) comes out here, and a stop string may span the resumption point.
+        The text those tokens released is not released again: the client has it."""
+        request.output_token_ids = list(resumed)
+        request.generator = seeded_generator(
+            request.params, self.model_config.vocab_size, tokens_sampled_elsewhere
+        )
+        if resumed:
+            self._detokenizers[request.request_id].add(list(resumed), final=False)
 
     def _new_detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop)
@@ -166,16 +199,18 @@ class LLMEngine:
             return list(self.tokenizer.encode(prompt))
         if not isinstance(prompt, list) or not prompt:
             raise InvalidRequestError("prompt_token_ids", "must be a non-empty list of token ids")
+        return self._token_ids(prompt, "prompt_token_ids")
+
+    def _token_ids(self, token_ids: list[int], field: str) -> list[int]:
         vocab = self.model_config.vocab_size
-        for token_id in prompt:
+        for token_id in token_ids:
             if isinstance(token_id, bool) or not isinstance(token_id, int):
-                raise InvalidRequestError("prompt_token_ids", "every token id must be an integer")
+                raise InvalidRequestError(field, "every token id must be an integer")
             if not 0 <= token_id < vocab:
                 raise InvalidRequestError(
-                    "prompt_token_ids",
-                    f"token id {token_id} is outside the vocabulary [0, {vocab})",
+                    field, f"token id {token_id} is outside the vocabulary [0, {vocab})"
                 )
-        return list(prompt)
+        return list(token_ids)
 
     def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
         context = self.model_config.max_position

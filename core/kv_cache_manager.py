@@ -73,11 +73,11 @@ class KVCacheManager:
     # -- reservations (decode) ---------------------------------------------------------------
 
     def allocate_prompt(self, request: Request) -> bool:
-        """Blocks for a fresh request's whole prompt, or nothing: its cached leading blocks by
-        reference (at most all but the last prompt token's, so at least that block travels)
-        and new ones for the rest."""
+        """Blocks for a fresh request's whole prompt (and the output it resumes after, for a
+        migrated one), or nothing: its cached leading blocks by reference (at most all but the
+        last token's, so at least that block travels) and new ones for the rest."""
         self.take_cached_prefix(request)
-        needed = blocks_for(request.num_prompt_tokens, self.block_size)
+        needed = blocks_for(request.num_tokens, self.block_size)
         fresh = self.block_pool.allocate(needed - len(request.block_ids))
         if fresh is None:
             self.free_for_recompute(request)

@@ -70,7 +70,8 @@ class ReservationQueue(Generic[R]):
                 kv_manager.free_for_recompute(request)
 
     def kv_landed(self, request: Request) -> None:
-        """The prompt's KV is in the request's blocks: the prompt counts as computed and its
-        full blocks join the prefix cache, so they outlive the request."""
+        """The prompt's KV (and a migrated request's resumed output's) is in the request's
+        blocks: it counts as computed and its full blocks join the prefix cache, so they outlive
+        the request."""
         computed = request.num_computed_tokens
-        self._scheduler.record_computed(request, request.num_prompt_tokens - computed)
+        self._scheduler.record_computed(request, request.num_tokens - computed)

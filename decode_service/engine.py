@@ -23,11 +23,9 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
@@ -86,26 +84,37 @@ class DecodeEngine(LLMEngine):
     # -- commands (engine thread) ---------------------------------------------------------
 
     def reserve(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        resumed_output: Sequence[int] = (),
     ) -> concurrent.futures.Future[TransferDescriptor]:
-        """Validates now; the future resolves once blocks are held and the receive is posted."""
+        """Validates now; the future resolves once blocks are held and the receive is posted.
+        The KV expected is that of the prompt and `resumed_output` (a migration, see `resume`)."""
         self._check_new(request_id)
         token_ids = self._prompt_token_ids(prompt_token_ids)
         self._check_fits(len(token_ids), params.max_tokens)
+        resumed = self._resumed_output(resumed_output, params)
         if len(self._queued) >= self.limits.max_pending_reservations:
             raise QueueFullError("decode: the reservation queue is full")
         request = Request(request_id, token_ids, params, next(self._arrivals), time.monotonic())
+        request.output_token_ids = resumed
         reservation = _Reservation(request, concurrent.futures.Future(), time.monotonic())
         self._queued.append(reservation)
         self._grant_queued()
         return reservation.granted
 
     def add_local(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        resumed_output: Sequence[int] = (),
     ) -> None:
         """A request prefilled here (colocated): it joins the batch as in the offline engine."""
         self._check_new(request_id)
-        self.add_request(prompt_token_ids, params, request_id)
+        self.add_request(prompt_token_ids, params, request_id, resumed_output)
 
     def _check_new(self, request_id: str) -> None:
         if self._knows(request_id):
@@ -215,22 +224,16 @@ class DecodeEngine(LLMEngine):
         del self._reserved[request.request_id]
         self.receiver.cancel(request.request_id)  # forgets the finished transfer
         self._queued.kv_landed(request)
-        self._seed_generator(request)
         self.requests[request.request_id] = request
         self._detokenizers[request.request_id] = self._new_detokenizer(request.params)
+        # Same seed, same tokens as a single-process run: prefill drew the first token's noise
+        # (and a migrated request's resumed output was sampled before that).
+        resumed = request.output_token_ids
+        self.resume(request, resumed, tokens_sampled_elsewhere=len(resumed) + 1)
         delta = self._append(request, reservation.first_token)
         if not delta.finished:
             self.scheduler.add(request)
         return delta
-
-    def _seed_generator(self, request: Request) -> None:
-        """Same seed, same tokens as a single-process run: prefill drew the first token's noise."""
-        params = request.params
-        if params.seed is None:
-            return
-        request.generator = torch.Generator().manual_seed(params.seed)
-        if not params.greedy:
-            torch.empty(self.model_config.vocab_size).exponential_(generator=request.generator)
 
     def release(self, request_id: str) -> bool:
         """Aborts the request; whether it was known here."""
@@ -238,8 +241,11 @@ class DecodeEngine(LLMEngine):
         self.abort(request_id)
         return known
 
-    def prompt_length(self, request_id: str) -> int:
-        return self._reserved[request_id].request.num_prompt_tokens
+    def token_counts(self, request_id: str) -> tuple[int, int]:
+        """(prompt tokens, output tokens already counted: a migration's resumed output) of a
+        started reservation, for the usage its stream ends with."""
+        request = self._reserved[request_id].request
+        return request.num_prompt_tokens, len(request.output_token_ids)
 
     def load(self) -> tuple[int, int]:
         """(waiting, running) as the router's least-loaded policy counts them."""

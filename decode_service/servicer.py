@@ -33,9 +33,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             params = sampling_from_proto(request.sampling, request.priority)
             engine = self.runtime.engine(DecodeEngine)
             prompt = list(request.prompt_token_ids)
+            resumed = list(request.resumed_output_token_ids)
             abort = functools.partial(engine.abort, request.request_id)
             granted = await self.runtime.call(
-                lambda: engine.reserve(request.request_id, prompt, params), undo=abort
+                lambda: engine.reserve(request.request_id, prompt, params, resumed), undo=abort
             )
             descriptor = await self.runtime.wait(granted, undo=abort)
             metrics.QUEUE_TIME.observe(time.monotonic() - started)
@@ -46,13 +47,15 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         async with grpc_errors(context):
             engine = self.runtime.engine(DecodeEngine)
-            prompt_tokens: list[int] = []
+            usage = common_pb2.Usage()
 
             def start() -> None:
                 engine.start(request.request_id, request.transfer_token, request.first_token_id)
-                prompt_tokens.append(engine.prompt_length(request.request_id))
+                usage.prompt_tokens, usage.completion_tokens = engine.token_counts(
+                    request.request_id
+                )
 
-            async for message in self._relay(request.request_id, start, prompt_tokens):
+            async for message in self._relay(request.request_id, start, usage):
                 yield message
 
     async def GenerateLocal(
@@ -63,29 +66,30 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             params = sampling_from_proto(request.sampling, request.priority)
             engine = self.runtime.engine(DecodeEngine)
             prompt = list(request.prompt_token_ids)
+            resumed = list(request.resumed_output_token_ids)
+            usage = common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed))
 
             def start() -> None:
-                engine.add_local(request.request_id, prompt, params)
+                engine.add_local(request.request_id, prompt, params, resumed)
 
             metrics.LOCAL_PREFILLS.inc()
-            async for message in self._relay(request.request_id, start, [len(prompt)]):
+            async for message in self._relay(request.request_id, start, usage):
                 yield message
 
     async def _relay(
-        self, request_id: str, start: Callable[[], None], prompt_tokens: list[int]
+        self, request_id: str, start: Callable[[], None], usage: common_pb2.Usage
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
-        """The request's deltas as protos, timed; `prompt_tokens` is filled by `start`."""
+        """The request's deltas as protos, timed; `usage` holds the tokens counted before this
+        stream (the prompt, a migration's resumed output) once `start` has run."""
         started = time.monotonic()
         last = started
-        completion_tokens = 0
+        streamed = 0
         async for delta in self.runtime.stream(request_id, start):
             now = time.monotonic()
-            histogram = (
-                metrics.INTER_TOKEN_LATENCY if completion_tokens else metrics.TIME_TO_FIRST_TOKEN
-            )
+            histogram = metrics.INTER_TOKEN_LATENCY if streamed else metrics.TIME_TO_FIRST_TOKEN
             histogram.observe(now - last)
             last = now
-            completion_tokens += len(delta.new_token_ids)
+            streamed += len(delta.new_token_ids)
             metrics.TOKENS.inc(len(delta.new_token_ids))
             message = decode_pb2.TokenDelta(
                 request_id=delta.request_id,
@@ -94,8 +98,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 finish_reason=finish_reason_to_proto(delta.finish_reason),
             )
             if delta.finished:
-                message.usage.prompt_tokens = prompt_tokens[0]
-                message.usage.completion_tokens = completion_tokens
+                message.usage.prompt_tokens = usage.prompt_tokens
+                message.usage.completion_tokens = usage.completion_tokens + streamed
                 message.timings.decode_seconds = now - started
             yield message
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,16 +83,18 @@ class PrefillEngine(LLMEngine):
         prompt_token_ids: list[int],
         params: SamplingParams,
         destination: TransferDescriptor,
+        resumed_output: Sequence[int] = (),
     ) -> concurrent.futures.Future[PrefillOutcome]:
-        """Queues a prompt (engine thread); the future resolves once decode has its KV."""
+        """Queues a prompt (engine thread); the future resolves once decode has its KV: that of
+        the prompt and of `resumed_output` (a migration, see `LLMEngine.resume`)."""
         check_layout(self.layout, destination.layout)  # LayoutMismatchError names both
-        self._check_blocks(len(prompt_token_ids), destination)
+        self._check_blocks(len(prompt_token_ids) + len(resumed_output), destination)
         if not 1 <= destination.num_pieces <= self.layout.num_layers:
             raise InvalidRequestError(
                 "destination.num_pieces",
                 f"{destination.num_pieces} pieces for {self.layout.num_layers} layers",
             )
-        self.add_request(prompt_token_ids, params, request_id)
+        self.add_request(prompt_token_ids, params, request_id, resumed_output)
         job = _Job(destination, concurrent.futures.Future(), time.monotonic())
         self._jobs[request_id] = job
         return job.outcome
@@ -150,7 +152,7 @@ class PrefillEngine(LLMEngine):
                 job.destination,
                 self.runner.kv_cache,
                 request.block_ids[skipped:],
-                request.num_prompt_tokens - skipped * self.config.block_size,
+                request.num_tokens - skipped * self.config.block_size,
             )
             job.groups = layer_groups(self.layout.num_layers, job.destination.num_pieces)
         except Exception as error:  # this request fails alone; the step goes on

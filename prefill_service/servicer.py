@@ -31,16 +31,18 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             destination = descriptor_from_proto(request.destination)
             engine = self.runtime.engine(PrefillEngine)
             prompt = list(request.prompt_token_ids)
+            resumed = list(request.resumed_output_token_ids)
             # The caller going away (cancel, deadline) frees this tier's blocks.
             abort = functools.partial(engine.abort, request.request_id)
             pending = await self.runtime.call(
-                lambda: engine.submit(request.request_id, prompt, params, destination), undo=abort
+                lambda: engine.submit(request.request_id, prompt, params, destination, resumed),
+                undo=abort,
             )
             outcome = await self.runtime.wait(pending, undo=abort)
             metrics.QUEUE_TIME.observe(outcome.queue_seconds)
             metrics.PREFILL_TIME.observe(outcome.prefill_seconds)
             metrics.TRANSFER_TIME.observe(outcome.transfer_seconds)
-            metrics.PROMPT_TOKENS.inc(len(prompt))
+            metrics.PROMPT_TOKENS.inc(len(prompt) + len(resumed))
             return prefill_pb2.PrefillResult(
                 first_token_id=outcome.first_token_id,
                 kv_bytes_sent=outcome.kv_bytes_sent,

@@ -3,10 +3,13 @@
     placement (placement.py) ──local──> Decode.GenerateLocal on the least-loaded decode worker
               └──remote──> Reserve + Prefill (remote_prefill.py) -> Decode.Generate
     token deltas to the caller
-    decode worker lost mid-stream (UNAVAILABLE) ──> migrate: the prompt plus every token already
-        streamed becomes the prompt of a new run on another decode worker (placed by the same
-        rule), whose tokens continue the stream; none is repeated or skipped. Greedy output is
-        the undisturbed run's (the continuation recomputes exactly that context).
+    decode worker lost mid-stream (UNAVAILABLE) ──> migrate: a new run on another decode worker
+        (placed by the same rule) gets the prompt and, as its resumed output, every token
+        already streamed; it computes their KV and continues the stream, none repeated or
+        skipped. Output equals the undisturbed run's: greedy and seeded tokens (the continuation
+        recomputes exactly that context; the seeded sampler skips the resumed tokens' noise),
+        text and stop strings (its detokenizer has seen the resumed tokens, so text the lost
+        worker held back comes out, and a stop string may span the failure point), usage.
 
 On any way out that is not a finished stream (error, client cancel, deadline, a lost worker), the
 in-flight downstream call is cancelled and decode is told to abort in the background, so no tier
@@ -76,8 +79,6 @@ class Dispatcher:
             try:
                 async for delta in self._run(run, deadline, clock, avoid=lost):
                     emitted.extend(delta.token_ids)
-                    if lost and _finished(delta):
-                        _count_whole_request(delta, request, len(emitted))
                     yield delta
                 return
             except WorkerLostError as failure:
@@ -112,7 +113,7 @@ class Dispatcher:
         prefill = self.registry.prefill
         tier = PrefillTierState(prefill.healthy_count(), prefill.in_flight())
         placement = place_prefill(
-            len(request.prompt_token_ids),
+            request.context_length,
             self.config.disagg_threshold,
             self.config.max_prefill_queue,
             tier,
@@ -141,6 +142,7 @@ class Dispatcher:
             prompt_token_ids=request.prompt_token_ids,
             sampling=request.sampling,
             priority=request.priority,
+            resumed_output_token_ids=request.resumed_output_token_ids,
         )
         clock.on_prefill_sent()
 
@@ -204,17 +206,4 @@ def _finished(delta: decode_pb2.TokenDelta) -> bool:
 
 def _continued(request: ValidatedRequest, emitted: list[int]) -> ValidatedRequest:
     """The rest of `request` after `emitted`: what a migration runs on another worker."""
-    sampling = common_pb2.SamplingParams()
-    sampling.CopyFrom(request.sampling)
-    sampling.max_tokens = request.sampling.max_tokens - len(emitted)
-    return dataclasses.replace(
-        request, prompt_token_ids=(*request.prompt_token_ids, *emitted), sampling=sampling
-    )
-
-
-def _count_whole_request(
-    delta: decode_pb2.TokenDelta, request: ValidatedRequest, completion_tokens: int
-) -> None:
-    """The last worker counted the streamed tokens as prompt: report the client's view."""
-    delta.usage.prompt_tokens = len(request.prompt_token_ids)
-    delta.usage.completion_tokens = completion_tokens
+    return dataclasses.replace(request, resumed_output_token_ids=tuple(emitted))

@@ -120,6 +120,7 @@ class RemotePrefill:
         message = decode_pb2.ReserveRequest(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
+            resumed_output_token_ids=request.resumed_output_token_ids,
             sampling=request.sampling,
             priority=request.priority,
         )
@@ -151,6 +152,7 @@ class RemotePrefill:
         message = prefill_pb2.PrefillRequest(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
+            resumed_output_token_ids=request.resumed_output_token_ids,
             sampling=request.sampling,
             priority=request.priority,
             destination=destination,

@@ -65,6 +65,14 @@ class ValidatedRequest:
     # Normalized: defaults filled in (max_tokens, top_p), so both tiers read the same values.
     sampling: common_pb2.SamplingParams
     priority: int
+    # A migration's run: the output already streamed to the client, which the next worker
+    # computes after the prompt and continues from (dispatch.py).
+    resumed_output_token_ids: tuple[int, ...] = ()
+
+    @property
+    def context_length(self) -> int:
+        """Tokens whose KV a run computes before it samples: the prompt and any resumed output."""
+        return len(self.prompt_token_ids) + len(self.resumed_output_token_ids)
 
 
 def load_validator(model_dir: Path, caps: RequestCaps) -> RequestValidator:

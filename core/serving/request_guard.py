@@ -6,7 +6,8 @@ call: a flood of garbage would fill the log. `RequestGuard`, the interceptor on 
 server, takes the deserializer out of each unary-request handler and runs it inside the handler
 instead, where the call is refused with INVALID_ARGUMENT and one rate-limited log line. There,
 before decoding, it also runs the server's peer check (mTLS identity, `tls.allowed_peers`).
-Stream-request methods (only reflection's) keep grpc's own handling: pdserve has none.
+Stream-request methods (only reflection's: pdserve has none) keep grpc's own decoding, but pass
+the same peer check before their first message is read.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 # grpc's stubs type behaviours as synchronous; grpc.aio's are coroutines or async generators.
 Unary = Callable[[Any, Context], Awaitable[Any]]
 Streaming = Callable[[Any, Context], AsyncIterator[Any]]
+Requests = AsyncIterator[Any]
 
 
 class RateLimitedLog:
@@ -104,10 +106,43 @@ def _guarded_stream(behavior: Streaming, admission: _Admission) -> Streaming:
     return handle
 
 
+def _peer_checked(behavior: Any, check_peer: PeerCheck) -> Any:
+    """A stream-request behaviour (async generator or coroutine) that admits the caller first."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(requests: Requests, context: Context) -> AsyncIterator[Any]:
+            await check_peer(context)
+            async for response in behavior(requests, context):
+                yield response
+
+        return stream
+
+    async def call(requests: Requests, context: Context) -> Any:
+        await check_peer(context)
+        return await behavior(requests, context)
+
+    return call
+
+
+def _guarded_stream_request(handler: Handler, check_peer: PeerCheck) -> Handler:
+    deserialize, serialize = handler.request_deserializer, handler.response_serializer
+    stream_stream: Any = handler.stream_stream
+    if stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(
+            _peer_checked(stream_stream, check_peer), deserialize, serialize
+        )
+    stream_unary: Any = handler.stream_unary
+    return grpc.stream_unary_rpc_method_handler(
+        _peer_checked(stream_unary, check_peer), deserialize, serialize
+    )
+
+
 def guarded(handler: Handler, method: str, check_peer: PeerCheck | None) -> Handler:
     """The same handler, admitting the caller and decoding its request inside the call."""
     deserialize = handler.request_deserializer
-    if handler.request_streaming or deserialize is None:
+    if handler.request_streaming:
+        return handler if check_peer is None else _guarded_stream_request(handler, check_peer)
+    if deserialize is None:
         return handler
     admission = _Admission(method, deserialize, check_peer)
     serialize = handler.response_serializer

@@ -20,7 +20,8 @@ import grpc
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 PeerCheck = Callable[[Context], Awaitable[None]]
 # Where grpc's auth context keeps a verified client certificate's names.
-_IDENTITY_KEYS = ("x509_subject_alternative_name", "x509_common_name")
+_SAN_KEY = "x509_subject_alternative_name"
+_COMMON_NAME_KEY = "x509_common_name"
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,14 @@ def secure_channel(
 
 
 def peer_names(context: Context) -> set[str]:
-    """The names on the verified client certificate (empty without one)."""
+    """The names on the verified client certificate (empty without one): its subject alternative
+    names, or its common name only when it has none (RFC 6125 6.4.4: a certificate that carries
+    SANs is identified by them alone, so a CN cannot smuggle in a second identity)."""
     auth = context.auth_context()
-    return {value.decode() for key in _IDENTITY_KEYS for value in auth.get(key, [])}
+    sans = {value.decode() for value in auth.get(_SAN_KEY, [])}
+    if sans:
+        return sans
+    return {value.decode() for value in auth.get(_COMMON_NAME_KEY, [])}
 
 
 def allowed_peers(names: tuple[str, ...]) -> PeerCheck:

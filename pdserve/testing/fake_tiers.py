@@ -124,8 +124,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
     async def _deltas(
         self, request: decode_pb2.DecodeRequest, reservation: Reservation, context: Context
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
+        resumed = len(reservation.request.resumed_output_token_ids)  # a migration's
         max_tokens = reservation.request.sampling.max_tokens or 16
-        tokens = [request.first_token_id, *range(1, max_tokens)]
+        tokens = [request.first_token_id, *range(1, max_tokens - resumed)]
         for index, token in enumerate(tokens):
             if index == self.knobs.lost_after_tokens:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "fake: Stream removed")
@@ -138,7 +139,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
             if last:
                 delta.finish_reason = common_pb2.FINISH_REASON_LENGTH
                 delta.usage.prompt_tokens = len(reservation.request.prompt_token_ids)
-                delta.usage.completion_tokens = len(tokens)
+                delta.usage.completion_tokens = resumed + len(tokens)
                 delta.timings.decode_seconds = 0.004
             yield delta
 
@@ -152,6 +153,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
             sampling=request.sampling,
+            resumed_output_token_ids=request.resumed_output_token_ids,
         )
         start = decode_pb2.DecodeRequest(request_id=request.request_id, first_token_id=0)
         try:

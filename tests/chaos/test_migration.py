@@ -1,12 +1,17 @@
 """SIGKILL of a decode worker mid-stream: its requests move to the other decode worker and every
-stream goes on with no repeated or missing token; greedy output equals the undisturbed run's."""
+stream goes on as if nothing happened, on gRPC and on HTTP: the same tokens (greedy and seeded
+sampling), the same text (including what the lost worker held back for a stop string's
+look-ahead), the same finish reason and usage as the undisturbed run; no block stays held."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import openai
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
@@ -19,6 +24,43 @@ pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 48
 TOKENS_BEFORE_KILL = 6
+# Never in the output: each worker holds back its length - 1 characters of text, which a lost
+# worker never released.
+NEVER = "@@ this never appears in the output @@"
+GRPC_STREAMS = 4  # the rest go through the HTTP door
+
+
+@dataclass
+class Stream:
+    """What one client saw."""
+
+    token_ids: list[int] = field(default_factory=list)  # gRPC only: HTTP streams carry text
+    text: str = ""
+    finish: str = ""
+    usage: tuple[int, int] = (0, 0)
+    chunk_times: list[float] = field(default_factory=list)
+
+    @property
+    def seen(self) -> int:
+        return len(self.chunk_times)
+
+    def outcome(self) -> tuple[list[int], str, str, tuple[int, int]]:
+        return self.token_ids, self.text, self.finish, self.usage
+
+
+def _sampling(index: int) -> SamplingParams:
+    """Greedy for even streams, seeded sampling for odd ones; all hold text back, and all run
+    to MAX_TOKENS (no stream ends before the kill)."""
+    if index % 2 == 0:
+        return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, stop=[NEVER])
+    return SamplingParams(
+        max_tokens=MAX_TOKENS,
+        temperature=0.9,
+        top_p=0.95,
+        seed=100 + index,
+        ignore_eos=True,
+        stop=[NEVER],
+    )
 
 
 def test_streams_survive_a_killed_decode_worker(
@@ -28,11 +70,11 @@ def test_streams_survive_a_killed_decode_worker(
     for round_ in range(chaos_rounds):
         cluster = start_cluster(model_dir, tmp_path / f"logs-{round_}", 1, 2)
         try:
-            undisturbed, _ = asyncio.run(_streams(cluster, work, kill_after=None))
-            migrated, worst_gap = asyncio.run(
-                _streams(cluster, work, kill_after=TOKENS_BEFORE_KILL)
-            )
-            assert migrated == undisturbed
+            undisturbed = asyncio.run(_streams(cluster, work, kill_after=None))
+            migrated = asyncio.run(_streams(cluster, work, kill_after=TOKENS_BEFORE_KILL))
+            assert [s.outcome() for s in migrated] == [s.outcome() for s in undisturbed]
+            assert all(len(s.token_ids) == MAX_TOKENS for s in undisturbed[:GRPC_STREAMS])
+            worst_gap = max(_worst_gap(s) for s in migrated)
             print(f"chaos migration round {round_}: worst gap across the kill {worst_gap:.2f} s")
             moved = labelled_metric(
                 cluster.router, "pdserve_router_migrations_total", outcome="migrated"
@@ -45,33 +87,70 @@ def test_streams_survive_a_killed_decode_worker(
 
 async def _streams(
     cluster: Cluster, prompts: list[list[int]], kill_after: int | None
-) -> tuple[list[list[int]], float]:
-    """Every prompt's streamed tokens and the longest gap between two chunks of one stream
-    (the time to recover); with `kill_after`, decode-0 is SIGKILLed once every stream has that
-    many tokens."""
-    sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    received: list[list[int]] = [[] for _ in prompts]
-    worst_gap = 0.0
+) -> list[Stream]:
+    """What every prompt's client saw; with `kill_after`, decode-0 is SIGKILLed once every
+    stream has that many chunks."""
+    streams = [Stream() for _ in prompts]
     async with GenerationClient.connect(cluster.router.address) as client:
-
-        async def consume(index: int) -> None:
-            nonlocal worst_gap
-            request = build_request(prompts[index], sampling=sampling)
-            last = None
-            async for chunk in client.generate_stream(request, timeout=300):
-                now = time.monotonic()
-                if last is not None:
-                    worst_gap = max(worst_gap, now - last)
-                last = now
-                received[index].extend(chunk.token_ids)
-
-        tasks = [asyncio.ensure_future(consume(i)) for i in range(len(prompts))]
+        tasks = [
+            asyncio.ensure_future(_grpc(client, prompts[i], _sampling(i), streams[i]))
+            for i in range(GRPC_STREAMS)
+        ]
+        tasks += [
+            asyncio.ensure_future(
+                asyncio.to_thread(_http, cluster, prompts[i], _sampling(i), streams[i])
+            )
+            for i in range(GRPC_STREAMS, len(prompts))
+        ]
         if kill_after is not None:
-            while min(len(tokens) for tokens in received) < kill_after:
+            while min(s.seen for s in streams) < kill_after:
                 await asyncio.sleep(0.005)
             cluster.decode[0].popen.kill()
         await asyncio.gather(*tasks)
-    return received, worst_gap
+    return streams
+
+
+async def _grpc(
+    client: GenerationClient, prompt: list[int], sampling: SamplingParams, stream: Stream
+) -> None:
+    async for chunk in client.generate_stream(
+        build_request(prompt, sampling=sampling), timeout=300
+    ):
+        stream.chunk_times.append(time.monotonic())
+        stream.token_ids.extend(chunk.token_ids)
+        stream.text += chunk.text
+        if chunk.finish_reason:
+            stream.finish = str(chunk.finish_reason)
+            stream.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+
+
+def _http(cluster: Cluster, prompt: list[int], sampling: SamplingParams, stream: Stream) -> None:
+    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0) as c:
+        chunks = c.completions.create(
+            model=c.models.list().data[0].id,
+            prompt=prompt,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed if sampling.HasField("seed") else None,
+            stop=list(sampling.stop),
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": sampling.ignore_eos},
+            timeout=300,
+        )
+        for chunk in chunks:
+            stream.chunk_times.append(time.monotonic())
+            for choice in chunk.choices:
+                stream.text += choice.text
+                stream.finish = choice.finish_reason or stream.finish
+            if chunk.usage is not None:
+                stream.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+
+
+def _worst_gap(stream: Stream) -> float:
+    times = stream.chunk_times
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
 def _wait_survivors_free(cluster: Cluster, timeout_s: float = 15.0) -> None:

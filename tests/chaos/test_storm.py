@@ -10,8 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.client import GenerateResponse, GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster
+from pdserve.v1.common_pb2 import FinishReason
 
 from ..integration.conftest import start_cluster
 from ..integration.helpers import wait_all_blocks_free
@@ -69,5 +70,14 @@ async def _one(client: GenerationClient, prompt: list[int], rng: random.Random) 
         return grpc.StatusCode.CANCELLED
     except grpc.aio.AioRpcError as error:
         return error.code()
-    assert len(reply.token_ids) == sampling.max_tokens or reply.finish_reason
+    _assert_whole(reply, sampling)
     return grpc.StatusCode.OK
+
+
+def _assert_whole(reply: GenerateResponse, sampling: SamplingParams) -> None:
+    """An OK reply is a finished generation: all its tokens (length), or up to EOS (stop)."""
+    if reply.finish_reason == FinishReason.FINISH_REASON_LENGTH:
+        assert len(reply.token_ids) == sampling.max_tokens
+    else:
+        assert reply.finish_reason == FinishReason.FINISH_REASON_STOP, reply.finish_reason
+        assert len(reply.token_ids) <= sampling.max_tokens

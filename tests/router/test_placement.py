@@ -82,8 +82,9 @@ def test_a_lost_decode_stream_migrates_without_repeating_or_skipping(router_stac
             # 3 from the first worker, then a run of the remaining 5 on the second.
             assert tokens == [FIRST_TOKEN_ID, 1, 2, FIRST_TOKEN_ID, 1, 2, 3, 4]
             continued = second.reserves[-1]
-            assert list(continued.prompt_token_ids) == [5, 6, FIRST_TOKEN_ID, 1, 2]
-            assert continued.sampling.max_tokens == 5
+            assert list(continued.prompt_token_ids) == [5, 6]
+            assert list(continued.resumed_output_token_ids) == [FIRST_TOKEN_ID, 1, 2]
+            assert continued.sampling.max_tokens == 8
             assert chunks[-1].usage == common_pb2.Usage(prompt_tokens=2, completion_tokens=8)
 
     asyncio.run(body())

@@ -62,9 +62,17 @@ def make_ca(folder: Path, name: str) -> Authority:
     return Authority(name, key, cert, path)
 
 
-def issue(ca: Authority, folder: Path, name: str, hosts: tuple[str, ...] = ()) -> Issued:
+def issue(
+    ca: Authority,
+    folder: Path,
+    name: str,
+    hosts: tuple[str, ...] = (),
+    common_name: str | None = None,
+    alt_names: bool = True,
+) -> Issued:
     """A certificate for `name` (its CN and a DNS SAN) plus `hosts` (DNS names or IPs), good
-    both as a server's and as a client's."""
+    both as a server's and as a client's. `common_name` puts another name in the CN than in the
+    SANs; `alt_names=False` leaves the SAN extension out (a CN-only certificate)."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     names: list[x509.GeneralName] = [x509.DNSName(name)]
@@ -73,23 +81,21 @@ def issue(ca: Authority, folder: Path, name: str, hosts: tuple[str, ...] = ()) -
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             names.append(x509.DNSName(host))
-    cert = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_subject(name))
+        .subject_name(_subject(common_name or name))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - _VALID)
         .not_valid_after(now + _VALID)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .sign(ca.key, hashes.SHA256())
     )
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.add_extension(
+        x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+        critical=False,
+    ).sign(ca.key, hashes.SHA256())
     folder.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = folder / f"{name}.pem", folder / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from pdserve.core.serving.server import ServerConfig, ServiceHost
 from pdserve.core.serving.tls import ServerTls
@@ -45,6 +46,10 @@ class Pki:
         self.server: Issued = issue(self.ca, folder, "worker", hosts=(HOST, "localhost"))
         self.router: Issued = issue(self.ca, folder, "router")
         self.stranger: Issued = issue(self.ca, folder, "stranger")
+        # The allowed name in its CN only, beside a SAN of another name: not the router.
+        self.impostor: Issued = issue(self.ca, folder, "impostor", common_name="router")
+        # No SANs at all: then, and only then, the CN names the client.
+        self.cn_only_router: Issued = issue(self.ca, folder / "cn-only", "router", alt_names=False)
         self.other_ca: Authority = make_ca(folder / "other", "other-ca")
 
 
@@ -118,6 +123,45 @@ def test_mtls_admits_only_the_allowed_names(pki: Pki) -> None:
         async with serving(tls) as address:
             assert await check(address, credentials(pki.ca, pki.router)) is grpc.StatusCode.OK
             denied = await check(address, credentials(pki.ca, pki.stranger))
+            assert denied is grpc.StatusCode.PERMISSION_DENIED
+
+    asyncio.run(body())
+
+
+def test_a_common_name_counts_only_on_a_certificate_without_alternative_names(pki: Pki) -> None:
+    tls = ServerTls(pki.server.cert, pki.server.key, pki.ca.cert_path, ("router",))
+
+    async def body() -> None:
+        async with serving(tls) as address:
+            impostor = await check(address, credentials(pki.ca, pki.impostor))
+            assert impostor is grpc.StatusCode.PERMISSION_DENIED
+            cn_only = await check(address, credentials(pki.ca, pki.cn_only_router))
+            assert cn_only is grpc.StatusCode.OK
+
+    asyncio.run(body())
+
+
+async def _reflection_code(address: str, creds: grpc.ChannelCredentials) -> grpc.StatusCode:
+    """Lists the services over reflection (a stream-request method), as ghz and grpcurl do."""
+    async with grpc.aio.secure_channel(address, creds) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        try:
+            async for _ in stub.ServerReflectionInfo(iter([request]), timeout=5):
+                pass
+        except grpc.aio.AioRpcError as error:
+            return error.code()
+    return grpc.StatusCode.OK
+
+
+def test_reflection_admits_only_the_allowed_names(pki: Pki) -> None:
+    tls = ServerTls(pki.server.cert, pki.server.key, pki.ca.cert_path, ("router",))
+
+    async def body() -> None:
+        async with serving(tls) as address:
+            admitted = await _reflection_code(address, credentials(pki.ca, pki.router))
+            assert admitted is grpc.StatusCode.OK
+            denied = await _reflection_code(address, credentials(pki.ca, pki.stranger))
             assert denied is grpc.StatusCode.PERMISSION_DENIED
 
     asyncio.run(body())
