@@ -27,12 +27,12 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 GHZ = REPO / ".tools" / "bin" / "ghz"
 CONFIGS = sorted((REPO / "loadtest").glob("*.json"))
-# Small runs: a total config keeps its concurrency and sends SMALL_TOTAL calls; a timed config
-# keeps its rate and runs SMALL_DURATION_S. ghz starts call k (from 0) at (k + 1) / rps, so at 4
-# rps 2.125 s sits half-way between two starts: the count is floor(rps * duration) = 8 even if
-# opening the connection takes a few ms of the duration.
+# Small runs: a config with a total keeps its concurrency and sends SMALL_TOTAL calls; a timed
+# config keeps its rate and sends SMALL_RATED_TOTAL calls (`-z 0 -n N`), not a shorter duration:
+# at the end of a duration ghz's pacer picks at random between its next tick and the stop signal
+# (a Go select), so a timed run makes floor(rps x duration) calls plus a random few.
 SMALL_TOTAL = 16
-SMALL_DURATION_S = 2.125
+SMALL_RATED_TOTAL = 8
 # The percentiles compared, and how far apart the two tools' figures may be (larger / smaller).
 # Both time the same server back to back, but each run is short and the machine is shared: the
 # bound catches a runner that times something else (first token only, queueing left out, a unit
@@ -81,6 +81,9 @@ def test_ghz_runs_the_config_and_the_runner_agrees(
     assert ours["statusCodeDistribution"] == {"OK": expected}, ours["errorDistribution"]
     assert ours["count"] == expected
     assert set(theirs) <= set(ours)  # ghz's report fields, all of them
+    rps = json.loads(config.read_text()).get("rps", 0)
+    if rps:  # both paced: the last call started no earlier than count / rps (ghz's const pacer)
+        assert min(theirs["total"], ours["total"]) >= expected / rps * 1e9
     for percentage in PERCENTILES:
         ghz_ns, runner_ns = _latency(theirs, percentage), _latency(ours, percentage)
         ratio = max(ghz_ns, runner_ns) / min(ghz_ns, runner_ns)
@@ -107,9 +110,8 @@ def test_ghz_finds_the_api_by_reflection(
 
 def _small(config: Path) -> tuple[list[str], int]:
     """The flags that shrink a shipped config (the same for ghz and the runner), and the count."""
-    raw = json.loads(config.read_text())
-    if "duration" in raw:
-        return ["-z", f"{SMALL_DURATION_S}s"], int(raw["rps"] * SMALL_DURATION_S)
+    if "duration" in json.loads(config.read_text()):
+        return ["-z", "0", "-n", str(SMALL_RATED_TOTAL)], SMALL_RATED_TOTAL
     return ["-n", str(SMALL_TOTAL)], SMALL_TOTAL
 
 
