@@ -34,11 +34,12 @@ CONFIGS = sorted((REPO / "loadtest").glob("*.json"))
 SMALL_TOTAL = 16
 SMALL_RATED_TOTAL = 8
 # The percentiles compared, and how far apart the two tools' figures may be (larger / smaller).
-# Both time the same server back to back, but each run is short and the machine is shared: the
-# bound catches a runner that times something else (first token only, queueing left out, a unit
-# slip), not a few percent of scheduling noise.
+# Both time the same server back to back, but each run lasts seconds on two cores that other
+# processes may share: with other clusters running beside it, runs of the same size came out up to
+# 1.8x apart, in either direction. The bound still catches a runner that times something else (a
+# stream to its first token is 5-15x shorter here, a unit slip 1000x), not a load swing.
 PERCENTILES = (50, 90)
-LATENCY_RATIO = 1.5
+LATENCY_RATIO = 2.0
 
 
 @pytest.fixture(scope="module")
