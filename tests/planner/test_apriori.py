@@ -58,7 +58,7 @@ def test_validation_traces_are_at_the_rate_and_fresh_each_repeat() -> None:
     spec = PoissonSpec(2.0, 60.0, TokenRange(10, 500), TokenRange(10, 40), seed=3)
     first = validation_trace(spec, 2.0, 10.0, repeat=0)
     second = validation_trace(spec, 2.0, 10.0, repeat=1)
-    assert [r.arrival_s for r in first] == [i / 2.0 for i in range(20)]
+    assert [r.arrival_s for r in first] == [(i + 1) / 2.0 for i in range(20)]  # as ghz paces
     assert [r.prompt_tokens for r in first] != [r.prompt_tokens for r in second]
 
 
