@@ -49,14 +49,16 @@ def _build_loop(args: argparse.Namespace) -> EngineLoop:
     from pdserve.core.transfer.ucx import KVReceiver
     from pdserve.decode_service.engine import DecodeEngine, DecodeLimits
     from pdserve.decode_service.metrics import register_engine_gauges
+    from pdserve.planner.step_budget import worker_step_costs
 
     limits = DecodeLimits(
         max_pending_reservations=args.max_pending_reservations,
         kv_timeout_s=args.kv_timeout_seconds,
     )
+    config = engine_config_from_args(args)
     engine = DecodeEngine(
         resolve_model(args.model, args.model_cache),
-        engine_config_from_args(args),
+        config,
         lambda cache: KVReceiver(
             cache,
             ucx_config_from_args(args),
@@ -64,5 +66,6 @@ def _build_loop(args: argparse.Namespace) -> EngineLoop:
         ),
         limits,
     )
+    engine.scheduler.step_budget = worker_step_costs(args, config)
     register_engine_gauges(engine)
     return EngineLoop(engine, background=engine)

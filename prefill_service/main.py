@@ -25,21 +25,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
+    """pdserve.v1.Prefill, and pdserve.v1.Decode for the streams the router may lend this worker
+    when the prefill tier idles (role-flexible workers, docs/router.md)."""
+    from pdserve.decode_service.servicer import DecodeServicer
     from pdserve.prefill_service.servicer import PrefillServicer
-    from pdserve.v1 import prefill_pb2_grpc
+    from pdserve.v1 import decode_pb2_grpc, prefill_pb2_grpc
 
     prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(runtime), server)
+    decode_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(runtime), server)
 
 
 def _build_loop(args: argparse.Namespace) -> EngineLoop:
     from pdserve.core.transfer.ucx_sender import KVSender
+    from pdserve.planner.step_budget import worker_step_costs
     from pdserve.prefill_service.engine import PrefillEngine
     from pdserve.prefill_service.metrics import register_engine_gauges
 
+    config = engine_config_from_args(args)
     engine = PrefillEngine(
-        resolve_model(args.model, args.model_cache),
-        engine_config_from_args(args),
-        KVSender(ucx_config_from_args(args)),
+        resolve_model(args.model, args.model_cache), config, KVSender(ucx_config_from_args(args))
     )
+    engine.scheduler.step_budget = worker_step_costs(args, config)
     register_engine_gauges(engine)
     return EngineLoop(engine)
