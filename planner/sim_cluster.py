@@ -192,7 +192,8 @@ class ClusterSim:
         by_name = {worker.name: worker for worker in self.prefill + self.decode}
         states = [self._state(w, WorkerRole.DECODE) for w in self.decode]
         states += [self._state(w, WorkerRole.PREFILL) for w in self.prefill]
-        option = place_adaptive(journey.prompt_tokens, states, self._costs).option
+        prompt, output = journey.prompt_tokens, journey.output_tokens
+        option = place_adaptive(prompt, output, states, self._costs).option
         decode = by_name[option.decode.address]
         if option.prefill is None:
             if decode in self.prefill:

@@ -16,14 +16,19 @@ prompt tokens queued) with the same step arithmetic the workers' SLO budgets use
            adds the KV's delivery (profile: wire + scatter per block) and D's current step
     stall  the time its prefill adds to every step of the prefilling worker's running streams,
            times their number: what the streams already running there lose
-    cost   ttft + stall (a second lost by the new request or by a running one counts the same)
+    decode its output (up to max_tokens) on the decoding worker: each step with one stream
+           more, plus what that stream adds to the step of every stream already there
+    cost   ttft + stall + decode (a second lost by the new request or by a running one counts
+           the same)
 
 The cheapest option wins; exact ties go to the first in the order above (a short prompt on an
-idle decode worker stays there: no hand-off). The reason names what decided (`AdaptiveReason`).
-A prefill worker is offered streams only when idle or already lent, so a busy prefill tier keeps
-prefilling; a lent worker returns to prefill-only once its streams are done (the router's
-registry). When the prefill side idles its cores decode, and a long prompt goes where its
-prefill stalls the fewest streams.
+idle decode worker stays there: no hand-off). The reason (`PlacementReason`, the members after
+LONG_PROMPT) names what decided. A prefill worker is offered streams only when idle or already
+lent, so a busy prefill tier keeps prefilling; a lent worker returns to prefill-only once its
+streams are done (roles.py). So when the prefill side idles its cores decode; streams spread
+over the workers that decode (the decode term); and a long prompt goes where its prefill stalls
+the fewest streams (the stall term), which once the prefill worker decodes too is often the
+prefill worker itself (remote, with the reason `spares_streams`).
 
 Torch-free, and called alike by the router (router/dispatch.py) and the planner's simulator
 (planner/sim_cluster.py).
@@ -31,6 +36,7 @@ Torch-free, and called alike by the router (router/dispatch.py) and the planner'
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,10 +87,11 @@ class Option:
     prefill: WorkerState | None  # remote: where it prefills
     ttft_s: float
     stall_s: float  # summed over the streams running where it is prefilled
+    decode_s: float = 0.0  # its decode steps, plus what it adds to the streams decoding beside it
 
     @property
     def cost_s(self) -> float:
-        return self.ttft_s + self.stall_s
+        return self.ttft_s + self.stall_s + self.decode_s
 
 
 @dataclass(frozen=True)
@@ -107,11 +114,14 @@ class _Prefill:
 
 
 def place_adaptive(
-    prompt_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
+    prompt_tokens: int, output_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
 ) -> AdaptiveChoice:
-    """The cheapest option for a prompt of `prompt_tokens` tokens (module docstring)."""
-    options = [*_local_options(prompt_tokens, workers, costs)]
+    """The cheapest option for a prompt of `prompt_tokens` tokens that asks for up to
+    `output_tokens` (module docstring)."""
+    options = _local_options(prompt_tokens, workers, costs)
     remote = _remote_options(prompt_tokens, workers, costs)
+    options = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in options]
+    remote = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in remote]
     if not options and not remote:
         raise ValueError("workers: none can take the request")
     best = min([*options, *remote], key=lambda option: option.cost_s)  # first of equals
@@ -145,6 +155,18 @@ def _remote_options(
             ttft = prefill.done_s + delivery + admitted
             options.append(Option(PrefillPlace.REMOTE, receiver, sender, ttft, prefill.stall_s))
     return options
+
+
+def _with_decode(
+    option: Option, prompt_tokens: int, output_tokens: int, costs: StepCosts
+) -> Option:
+    """Prices its decode on `option.decode`: `output_tokens` steps with one stream more, each
+    also slowing the streams already there by what one more stream adds to a step."""
+    worker = option.decode
+    before = costs.seconds(worker.decodes) if worker.running else 0.0
+    after = costs.seconds(worker.decodes + StepShape.decodes(1, prompt_tokens))
+    per_token = after + worker.running * (after - before if worker.running else 0.0)
+    return dataclasses.replace(option, decode_s=output_tokens * per_token)
 
 
 def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _Prefill:

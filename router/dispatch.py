@@ -155,7 +155,9 @@ class Dispatcher:
         assert costs is not None  # RouterConfig refuses --placement adaptive without a profile
         self.roles.take_back_idle()
         prompt_tokens = len(request.prompt_token_ids)
-        choice = place_adaptive(prompt_tokens, self.roles.worker_states(avoid), costs)
+        output_tokens = request.sampling.max_tokens
+        states = self.roles.worker_states(avoid)
+        choice = place_adaptive(prompt_tokens, output_tokens, states, costs)
         placement, option = choice.placement, choice.option
         metrics.PREFILL_PLACEMENTS.labels(placement.place.value, placement.reason.value).inc()
         if option.prefill is None:

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from pdserve.router import metrics
 from pdserve.router.adaptive_placement import WorkerRole, WorkerState
-from pdserve.router.registry import Registry, Worker
+from pdserve.router.config import Tier
+from pdserve.router.registry import NoHealthyWorkerError, Registry, Worker
 from pdserve.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -83,8 +84,10 @@ class Roles:
         for worker in _usable(self.registry.prefill.workers.values()):
             role = WorkerRole.DECODE if worker.address in lent else WorkerRole.PREFILL
             states.append(_state(worker, WorkerRole.PREFILL, role, views.get(worker.address)))
+        if not any(s.tier is WorkerRole.DECODE for s in states):
+            raise NoHealthyWorkerError(Tier.DECODE)  # as the threshold rule's pick would
         kept = [s for s in states if s.address not in avoid]
-        decoding = [s for s in kept if s.role is WorkerRole.DECODE or s.idle]
+        decoding = [s for s in kept if s.tier is WorkerRole.DECODE]
         return kept if decoding else states
 
 
