@@ -127,7 +127,7 @@ def _cost_model_args(args: argparse.Namespace, worker_args: tuple[str, ...]) -> 
     budget a step (adaptive placement predicts their prompt chunks with it)."""
     if args.profile is None:
         return CostModelArgs((), ())
-    shared = ("--profile", str(args.profile.resolve()))
+    shared: tuple[str, ...] = ("--profile", str(args.profile.resolve()))
     if args.itl_slo is not None:
         shared += ("--itl-slo", str(args.itl_slo))
     budget = "--max-num-batched-tokens"

@@ -96,8 +96,11 @@ def _usable(workers: Collection[Worker[Any]]) -> list[Worker[Any]]:
 
 
 def _running(worker: Worker[Any]) -> bool:
+    """Streams or prompts by its last report, or sent since (a prompt counted at the decision,
+    before its call starts: the worker is not taken back under a request about to run)."""
     report = worker.report or common_pb2.LoadResponse()
-    return bool(report.num_running or report.num_waiting or worker.dispatched_since_poll)
+    sent = worker.dispatched_since_poll or worker.sent_prompts
+    return bool(report.num_running or report.num_waiting or sent)
 
 
 def _state(
