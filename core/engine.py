@@ -17,6 +17,7 @@ import torch
 from pdserve.core.block_pool import blocks_for, cache_root
 from pdserve.core.config import EngineConfig
 from pdserve.core.detokenizer import IncrementalDetokenizer
+from pdserve.core.engine_load import EngineLoad, load_of
 from pdserve.core.kv_cache import DTYPES, KVCache, KVLayout
 from pdserve.core.model.config import ModelConfig, load_model_config
 from pdserve.core.model.forward import load_model
@@ -182,6 +183,21 @@ class LLMEngine:
             del self._detokenizers[sample_id]
             for fork in pending:  # never forked: they hold nothing yet
                 del self.requests[fork.request_id], self._detokenizers[fork.request_id]
+
+    def add_local(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        """A request run here end to end (Decode.GenerateLocal): prefilled, then decoded."""
+        self.add_request(prompt_token_ids, params, request_id)
+
+    def release(self, request_id: str) -> bool:
+        """Aborts the request; whether it was known here."""
+        known = bool(self._sample_ids_in_flight(request_id))
+        self.abort(request_id)
+        return known
+
+    def load(self) -> EngineLoad:
+        return load_of(self.scheduler)
 
     def _sample_ids_in_flight(self, request_id: str) -> list[str]:
         if request_id in self.requests:

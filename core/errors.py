@@ -18,6 +18,11 @@ class KVNotArrivedError(RuntimeError):
     """The prompt's KV never reached the decode worker (ABORTED: retry the whole request)."""
 
 
+class NotServedHereError(RuntimeError):
+    """The call needs another tier's engine (FAILED_PRECONDITION): Decode.Reserve on a prefill
+    worker, which serves only the Decode calls that run a request end to end."""
+
+
 class DrainingError(RuntimeError):
     """The worker is shutting down and takes no new work (UNAVAILABLE)."""
 

@@ -40,7 +40,8 @@ from pdserve.core.request import Request, RequestStatus
 from pdserve.core.step_plan import (
     SchedulerOutput as SchedulerOutput,  # re-exported: imported from here
 )
-from pdserve.core.step_plan import StepPlan
+from pdserve.core.step_plan import StepBudget, StepPlan
+from pdserve.core.step_shape import StepShape
 
 
 class Scheduler:
@@ -54,6 +55,9 @@ class Scheduler:
         self.swapped: list[Request] = []
         self.num_preemptions = 0
         self.num_swaps_out = 0
+        # Caps each step's prompt tokens so that streams decoding in it keep their ITL (None:
+        # only max_num_batched_tokens; set by a worker started with --itl-slo).
+        self.step_budget: StepBudget | None = None
 
     # -- queue management -------------------------------------------------------------------
 
@@ -93,17 +97,25 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self.kv_manager.release_swapped_in()
-        step = StepPlan(budget=self.config.max_num_batched_tokens)
+        limit = None if self.step_budget is None else self.step_budget.for_step(self._decodes())
+        step = StepPlan(self.config.max_num_batched_tokens, limit)
         self._schedule_running(step)
         self._admit_queued(step)
         self.running.sort(key=self._rank)
         return step.output()
 
+    def _decodes(self) -> StepShape:
+        """The one-token decodes the running batch will take this step (before admissions)."""
+        behind_by_one = [r for r in self.running if r.target_tokens - r.num_computed_tokens == 1]
+        return StepShape.decodes(len(behind_by_one), sum(r.num_tokens for r in behind_by_one))
+
     def _schedule_running(self, step: StepPlan) -> None:
         for request in sorted(self.running, key=self._rank):
             if request.status is not RequestStatus.RUNNING or step.budget == 0:
                 continue  # preempted earlier in this step
-            num_new = min(request.target_tokens - request.num_computed_tokens, step.budget)
+            num_new = step.tokens_for(request)
+            if num_new == 0:
+                continue  # a prompt chunk with no room left under the step budget
             while not self.kv_manager.grow(request, num_new, step.copies):
                 victim = self._worst_running()
                 self._preempt(victim, step)
@@ -122,8 +134,8 @@ class Scheduler:
             # Fresh: nothing computed yet (not swapped, no KV that arrived from the prefill tier).
             fresh = request.status is RequestStatus.WAITING and not request.block_ids
             num_cached = self.kv_manager.take_cached_prefix(request) if fresh else 0
-            num_new = min(request.target_tokens - request.num_computed_tokens, step.budget)
-            if not self._make_room(request, num_new, step):
+            num_new = step.tokens_for(request)
+            if num_new == 0 or not self._make_room(request, num_new, step):
                 if num_cached:  # gives its cached prefix back
                     self.kv_manager.free_for_recompute(request)
                 if self.running:

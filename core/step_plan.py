@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from pdserve.core.request import Request
+from pdserve.core.step_shape import StepShape
+
+
+class PrefillLimit(Protocol):
+    """How many prompt tokens one step may still take (one object per step: it counts what it
+    granted)."""
+
+    def grant(self, start: int, wanted: int) -> int:
+        """New tokens, at most `wanted`, for a prompt chunk starting at token `start`."""
+        ...
+
+
+class StepBudget(Protocol):
+    """Caps each step's prompt tokens (an ITL SLO, planner/step_budget.py); the scheduler asks
+    it once per step, knowing the step's decodes."""
+
+    def for_step(self, decodes: StepShape) -> PrefillLimit: ...
 
 
 @dataclass(frozen=True)
@@ -25,8 +43,9 @@ class SchedulerOutput:
 class StepPlan:
     """The plan being built for one step."""
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, prefill_limit: PrefillLimit | None = None) -> None:
         self.budget = budget
+        self.prefill_limit = prefill_limit
         self.scheduled: dict[str, int] = {}
         self.swap_out: list[tuple[int, int]] = []
         self.swap_in: list[tuple[int, int]] = []
@@ -35,6 +54,14 @@ class StepPlan:
         self.best_preempted: tuple[int, int, int] | None = (
             None  # rank of the best request preempted
         )
+
+    def tokens_for(self, request: Request) -> int:
+        """New tokens for `request` this step: what it lacks, within the token budget and, for
+        a prompt chunk, the prefill limit (0: no room left this step)."""
+        wanted = min(request.target_tokens - request.num_computed_tokens, self.budget)
+        if self.prefill_limit is None or wanted <= 1:
+            return wanted
+        return self.prefill_limit.grant(request.num_computed_tokens, wanted)
 
     def schedule(self, request: Request, num_new: int) -> None:
         self.scheduled[request.request_id] = num_new

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
+from pdserve.core.engine_load import EngineLoad
 from pdserve.core.errors import (
     KVNotArrivedError,
     QueueFullError,
@@ -247,7 +248,8 @@ class DecodeEngine(LLMEngine):
         request = self._reserved[request_id].request
         return request.num_prompt_tokens, len(request.output_token_ids)
 
-    def load(self) -> tuple[int, int]:
-        """(waiting, running) as the router's least-loaded policy counts them."""
-        waiting = len(self._queued) + len(self._reserved) + len(self.scheduler.waiting)
-        return waiting, len(self.scheduler.running) + len(self.scheduler.swapped)
+    def load(self) -> EngineLoad:
+        """The engine's load, with reservations (queued or waiting for their KV) as waiting."""
+        load = super().load()
+        reservations = len(self._queued) + len(self._reserved)
+        return dataclasses.replace(load, num_waiting=load.num_waiting + reservations)

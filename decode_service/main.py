@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -10,6 +12,9 @@ from pdserve.core.model.source import resolve_model
 from pdserve.core.serving.cli_config import add_flag, engine_config_from_args, ucx_config_from_args
 from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.tier_runtime import TierRuntime, add_tier_arguments, run_tier
+
+if TYPE_CHECKING:
+    from pdserve.planner.step_budget import StepCosts
 
 SERVICE_NAME = "pdserve.v1.Decode"  # also the readiness name
 DEFAULT_PORT = 50071
@@ -35,7 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_tier(args, SERVICE_NAME, _add_servicer, lambda: _build_loop(args))
+    from pdserve.planner.step_budget import worker_step_costs
+
+    try:  # a bad --itl-slo or --profile stops the worker before it serves
+        step_costs = worker_step_costs(args, engine_config_from_args(args))
+    except ValueError as error:
+        print(f"pdserve decode: {error}", file=sys.stderr)
+        return 2
+    return run_tier(args, SERVICE_NAME, _add_servicer, lambda: _build_loop(args, step_costs))
 
 
 def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
@@ -45,7 +57,7 @@ def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
     decode_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(runtime), server)
 
 
-def _build_loop(args: argparse.Namespace) -> EngineLoop:
+def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> EngineLoop:
     from pdserve.core.transfer.ucx import KVReceiver
     from pdserve.decode_service.engine import DecodeEngine, DecodeLimits
     from pdserve.decode_service.metrics import register_engine_gauges
@@ -54,9 +66,10 @@ def _build_loop(args: argparse.Namespace) -> EngineLoop:
         max_pending_reservations=args.max_pending_reservations,
         kv_timeout_s=args.kv_timeout_seconds,
     )
+    config = engine_config_from_args(args)
     engine = DecodeEngine(
         resolve_model(args.model, args.model_cache),
-        engine_config_from_args(args),
+        config,
         lambda cache: KVReceiver(
             cache,
             ucx_config_from_args(args),
@@ -64,5 +77,6 @@ def _build_loop(args: argparse.Namespace) -> EngineLoop:
         ),
         limits,
     )
+    engine.scheduler.step_budget = step_costs
     register_engine_gauges(engine)
     return EngineLoop(engine, background=engine)

@@ -34,10 +34,10 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     pool, swap_pool = kv_manager.block_pool, kv_manager.swap_pool
     receiver = engine.receiver
     Gauge("pdserve_decode_waiting_requests", "Reserved or queued, not yet decoding").set_function(
-        lambda: engine.load()[0]
+        lambda: engine.load().num_waiting
     )
     Gauge("pdserve_decode_running_requests", "Decoding (running or swapped)").set_function(
-        lambda: engine.load()[1]
+        lambda: engine.load().num_running
     )
     Gauge("pdserve_decode_swapped_requests", "Swapped out to the CPU pool").set_function(
         lambda: len(engine.scheduler.swapped)

@@ -1,4 +1,9 @@
-"""`pdserve.v1.Decode`: thin — decode the proto, call the engine, encode, map errors."""
+"""`pdserve.v1.Decode`: thin — decode the proto, call the engine, encode, map errors.
+
+A prefill worker serves this service too, over its own engine: GenerateLocal, Abort, Release and
+Load work on any engine (the router lends an idle prefill worker streams); Reserve and Generate
+need a decode worker's (FAILED_PRECONDITION elsewhere).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,13 @@ from typing import Any, TypeAlias
 
 import grpc
 
+from pdserve.core.engine import LLMEngine
 from pdserve.core.serving.grpc_errors import grpc_errors
-from pdserve.core.serving.proto_convert import descriptor_to_proto, finish_reason_to_proto
+from pdserve.core.serving.proto_convert import (
+    descriptor_to_proto,
+    finish_reason_to_proto,
+    load_to_proto,
+)
 from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.decode_service import metrics
@@ -64,7 +74,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         async with grpc_errors(context):
             self.runtime.check_accepting()
             params = sampling_from_proto(request.sampling, request.priority)
-            engine = self.runtime.engine(DecodeEngine)
+            engine = self.runtime.engine(LLMEngine)  # a prefill worker runs these too
             prompt = list(request.prompt_token_ids)
             resumed = list(request.resumed_output_token_ids)
             usage = common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed))
@@ -110,7 +120,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     async def _release(self, request_id: str, context: Context) -> bool:
         async with grpc_errors(context):
-            engine = self.runtime.engine(DecodeEngine)
+            engine = self.runtime.engine(LLMEngine)  # a lent prefill worker's streams too
             return await self.runtime.call(lambda: engine.release(request_id))
 
     async def Abort(
@@ -123,12 +133,5 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self, request: common_pb2.LoadRequest, context: Context
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
-            engine = self.runtime.engine(DecodeEngine)
-            waiting, running = engine.load()
-            pool = engine.scheduler.kv_manager.block_pool
-            return common_pb2.LoadResponse(
-                num_waiting=waiting,
-                num_running=running,
-                num_free_blocks=pool.num_free,
-                num_total_blocks=pool.num_blocks,
-            )
+            engine = self.runtime.engine(LLMEngine)
+            return load_to_proto(engine.load(), engine.scheduler.kv_manager.block_pool)

@@ -6,10 +6,12 @@ import argparse
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
+from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy
 
 
@@ -34,6 +36,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--placement",
+        str,
+        PlacementMode.THRESHOLD.value,
+        "the router's placement: threshold (--disagg-threshold) or adaptive (the cost model "
+        "of --profile chooses where each prompt is prefilled and decoded; docs/router.md)",
+        choices=[mode.value for mode in PlacementMode],
+    )
+    add_flag(parser, "--profile", Path, None, "cost model from `pdserve profile` (adaptive)")
+    add_flag(
+        parser,
+        "--itl-slo",
+        float,
+        None,
+        "seconds: every worker caps a decoding step's prompt tokens to stay within it, and the "
+        "router predicts with it (needs --profile; default: off)",
+    )
+    add_flag(
+        parser,
         "--routing-policy",
         str,
         RoutingPolicy.LEAST_LOADED.value,
@@ -51,20 +71,27 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill < 0 or args.decode < 1:
         print("pdserve up: --prefill must be >= 0 and --decode >= 1", file=sys.stderr)
         return 2
+    if (args.placement == PlacementMode.ADAPTIVE.value or args.itl_slo) and args.profile is None:
+        print("pdserve up: --placement adaptive and --itl-slo need --profile", file=sys.stderr)
+        return 2
     model_dir = resolve_model(args.model, args.model_cache)  # prepared once, before the workers
     worker_args = tuple(a for a in args.worker_args if a != "--")
+    cost_args = _cost_model_args(args, worker_args)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=args.prefill,
         num_decode=args.decode,
         base_port=args.port,
         metrics_base_port=args.metrics_port,
-        worker_args=worker_args,
+        worker_args=(*cost_args.worker, *worker_args),
         router_args=(
             "--disagg-threshold",
             str(args.disagg_threshold),
             "--routing-policy",
             args.routing_policy,
+            "--placement",
+            args.placement,
+            *cost_args.router,
         ),
         http_port=args.http_port,
     )
@@ -87,3 +114,24 @@ def run(args: argparse.Namespace) -> int:
                 return 1
         print("stopping (draining in-flight requests) ...", flush=True)
     return 0
+
+
+@dataclass(frozen=True)
+class CostModelArgs:
+    worker: tuple[str, ...]
+    router: tuple[str, ...]
+
+
+def _cost_model_args(args: argparse.Namespace, worker_args: tuple[str, ...]) -> CostModelArgs:
+    """The profile and ITL SLO for every process; the router also learns the workers' token
+    budget a step (adaptive placement predicts their prompt chunks with it)."""
+    if args.profile is None:
+        return CostModelArgs((), ())
+    shared: tuple[str, ...] = ("--profile", str(args.profile.resolve()))
+    if args.itl_slo is not None:
+        shared += ("--itl-slo", str(args.itl_slo))
+    budget = "--max-num-batched-tokens"
+    router = shared
+    if budget in worker_args[:-1]:
+        router += (budget, worker_args[worker_args.index(budget) + 1])
+    return CostModelArgs(shared, router)

@@ -7,8 +7,11 @@ counts grow about linearly with rate once a tier is busy). Each HPA's target is 
 average the simulation saw at the target rate, rounded up: above it, the tier has more load than
 the plan was sized for. With no prefill workers (colocated) the prefill tier is off (0 replicas,
 no HPA: an HPA cannot hold a Deployment at zero). The router gets the placement the plan simulated
-(`router.disaggThreshold`, `router.maxPrefillQueue`: its `--disagg-threshold` and
-`--max-prefill-queue`).
+(`router.placement`, `router.disaggThreshold`, `router.maxPrefillQueue`: its `--placement`,
+`--disagg-threshold` and `--max-prefill-queue`). An adaptive plan also gives the router the
+workers' token budget a step (`router.maxNumBatchedTokens`); its cost model comes from
+`router.profile`: a path in the router's pod to the profile the plan was made with, which the
+operator provides (the chart does not mount one).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ def helm_values(plan: Candidate, rate: float, peak_rate: float) -> dict[str, Any
         "router": {
             "disaggThreshold": deployment.placement.disagg_threshold,
             "maxPrefillQueue": deployment.placement.max_prefill_queue,
-        },
+            "placement": deployment.placement.mode.value,
+        }
+        | _cost_model(plan),
         "prefill": _tier(
             deployment.num_prefill, scale, PREFILL_METRIC, plan.prefill_load, prefill_engine
         ),
@@ -38,6 +43,13 @@ def helm_values(plan: Candidate, rate: float, peak_rate: float) -> dict[str, Any
             deployment.num_decode, scale, DECODE_METRIC, plan.decode_running, decode_engine
         ),
     }
+
+
+def _cost_model(plan: Candidate) -> dict[str, int]:
+    """Adaptive placement predicts the workers' prompt chunks from their token budget."""
+    if not plan.deployment.adaptive:
+        return {}
+    return {"maxNumBatchedTokens": plan.deployment.decode_config.max_num_batched_tokens}
 
 
 def _engine(plan: Candidate, tier: str) -> dict[str, int]:

@@ -23,13 +23,13 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.step_shape import StepShape
 from pdserve.core.transfer.interface import TOKEN_NBYTES
 from pdserve.core.transfer.staging import Staging, block_index
 from pdserve.planner.profile import (
     BlockCosts,
     Profile,
     StepSample,
-    StepShape,
     contention_of,
     fit,
 )

@@ -4,7 +4,9 @@ the SLOs at the target rate.
 Worker counts grow one at a time; at each total every prefill/decode split is tried (0 prefill is
 the colocated mode), each with a few engine settings (max_num_seqs, chunk budget) and, when it
 has prefill workers, a few disaggregation thresholds (0 and the workload's prompt-length
-quartiles; the prefill queue bound stays the router's default, which the plan's values carry).
+quartiles; the prefill queue bound stays the router's default, which the plan's values carry) and,
+when the search space includes it (`pdserve plan --placements threshold,adaptive`), the adaptive
+placement, simulated with the router's own decision function.
 The first total with a candidate that meets both SLOs wins, and among its candidates the one with
 the lowest TTFT p90. Every candidate tried is kept for the table.
 """
@@ -21,7 +23,7 @@ from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.sim_worker import Role
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement import PlacementConfig, PlacementMode
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class SearchSpace:
     max_workers: int = 16
     max_num_seqs: tuple[int, ...] = (16, 64)
     chunk_budgets: tuple[int, ...] = (256, 2048)
+    placements: tuple[PlacementMode, ...] = (PlacementMode.THRESHOLD,)
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,19 @@ def deployments(
         for budget in space.chunk_budgets:
             engine = replace(base, max_num_seqs=seqs, max_num_batched_tokens=budget)
             for num_prefill in range(total):
-                thresholds = [0, *quartiles] if num_prefill else [0]
-                for threshold in thresholds:
-                    placement = PlacementConfig(disagg_threshold=threshold)
+                for placement in _placements(num_prefill, quartiles, space.placements):
                     yield Deployment(num_prefill, total - num_prefill, engine, engine, placement)
+
+
+def _placements(
+    num_prefill: int, quartiles: list[int], modes: tuple[PlacementMode, ...]
+) -> Iterator[PlacementConfig]:
+    """The router settings tried for a split (a colocated one has nothing to choose)."""
+    if PlacementMode.THRESHOLD in modes or not num_prefill:
+        for threshold in [0, *quartiles] if num_prefill else [0]:
+            yield PlacementConfig(disagg_threshold=threshold)
+    if PlacementMode.ADAPTIVE in modes and num_prefill:
+        yield PlacementConfig(mode=PlacementMode.ADAPTIVE)
 
 
 def evaluate(

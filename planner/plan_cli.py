@@ -39,6 +39,7 @@ from pdserve.planner.workload import (
     load_spec,
     requests_of,
 )
+from pdserve.router.placement import PlacementMode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="Helm values file to write")
     parser.add_argument("--peak-rate", type=float, help="rate the HPAs' maxReplicas cover (2x)")
     parser.add_argument("--max-workers", type=int, default=16, help="largest total to try")
+    parser.add_argument(
+        "--placements",
+        default=PlacementMode.THRESHOLD.value,
+        help="router placements to try, comma-separated: threshold, adaptive (docs/router.md)",
+    )
     parser.add_argument("--verify", action="store_true", help="run the plan here and compare")
     parser.add_argument("--json", action="store_true", help="one JSON object, no table")
     parser.add_argument("--model", help="model folder for --verify's workers (default: SmolLM2)")
@@ -60,13 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         _check_positive(args)
+        placement_modes(args.placements)
         profile = load_profile(args.profile)
         requests = at_rate(load_spec(args.workload), args.rate)
     except (ProfileError, WorkloadSpecError, ValueError) as error:
         print(f"pdserve plan: {error}", file=sys.stderr)
         return 2
     slo = Slo(args.slo_ttft_p90, args.slo_itl_p99)
-    space = SearchSpace(max_workers=args.max_workers)
+    space = SearchSpace(max_workers=args.max_workers, placements=placement_modes(args.placements))
     if not args.json:
         print(TABLE_HEADER, flush=True)
     progress = (lambda candidate: None) if args.json else _print_row
@@ -118,6 +125,14 @@ def _check_positive(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--max-workers: --verify runs one worker a core; this machine has {cores}"
         )
+
+
+def placement_modes(names: str) -> tuple[PlacementMode, ...]:
+    try:
+        return tuple(PlacementMode(name) for name in names.split(","))
+    except ValueError:
+        choices = ", ".join(mode.value for mode in PlacementMode)
+        raise ValueError(f"--placements: each must be one of {choices}, got {names!r}") from None
 
 
 def at_rate(workload: Workload, rate: float) -> list[TraceRequest]:

@@ -41,43 +41,14 @@ from typing import Any
 
 import numpy as np
 
+from pdserve.core.step_shape import StepShape
+
 PROFILE_VERSION = 1
 FEATURES = ("fixed", "prefill_tokens", "prefill_pairs", "decode_seqs", "decode_context")
 
 
 class ProfileError(ValueError):
     """A profile file that cannot be used; the message names the field."""
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What one step runs: the features the cost model reads."""
-
-    prefill_tokens: int = 0  # new tokens of chunks with more than one token
-    prefill_pairs: int = 0  # sum over those chunks of new * (start + new)
-    decode_seqs: int = 0  # chunks of one token
-    decode_context: int = 0  # sum of their context lengths (start + 1)
-
-    @classmethod
-    def of(cls, chunks: Sequence[tuple[int, int]]) -> StepShape:
-        """From (start, num_new) per scheduled request, as the runner sees them."""
-        prefill = [(s, n) for s, n in chunks if n > 1]
-        decode = [s + 1 for s, n in chunks if n == 1]
-        return cls(
-            prefill_tokens=sum(n for _, n in prefill),
-            prefill_pairs=sum(n * (s + n) for s, n in prefill),
-            decode_seqs=len(decode),
-            decode_context=sum(decode),
-        )
-
-    def vector(self) -> list[float]:
-        return [
-            1.0,
-            self.prefill_tokens,
-            self.prefill_pairs,
-            self.decode_seqs,
-            self.decode_context,
-        ]
 
 
 @dataclass(frozen=True)

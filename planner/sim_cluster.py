@@ -8,7 +8,13 @@ turn, which is when the client sees the first token. In colocated mode (no prefi
 with a disaggregation threshold, for prompts shorter than it, the prompt goes straight to a decode
 worker and is prefilled there in chunks inside its continuous batch. That choice is made by the
 router's own rule (`router/placement.py` `place_prefill`) with the router's own settings
-(`PlacementConfig`: `--disagg-threshold`, `--max-prefill-queue`, and their defaults).
+(`PlacementConfig`: `--disagg-threshold`, `--max-prefill-queue`, and their defaults). Under
+`--placement adaptive` the router's cost-model choice (`router/adaptive_placement.py`
+`place_adaptive`, the same function) picks the workers too, from the workers' exact loads: local
+on a decode worker, local on a prefill worker it lends streams (taken back once they are done, as
+router/roles.py does), or remote from a given prefill worker to a given decode worker. With
+`itl_slo_s` every worker's scheduler caps its steps' prompt tokens (planner/step_budget.py), as
+workers started with `--itl-slo` do.
 
 Each request's prompt is its own but for the prefix its trace line shares (`sim_worker`), so the
 workers' prefix caches hit where the real ones would, on both tiers: a decode worker's
@@ -28,9 +34,12 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.scheduler import Scheduler
 from pdserve.planner.profile import Profile
 from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
+from pdserve.planner.step_budget import StepCosts
 from pdserve.planner.workload import TraceRequest
+from pdserve.router.adaptive_placement import WorkerRole, WorkerState, place_adaptive
 from pdserve.router.placement import (
     PlacementConfig,
+    PlacementMode,
     PrefillPlace,
     PrefillTierState,
     place_prefill,
@@ -48,6 +57,7 @@ class Deployment:
     # one core (both busy, each at half speed), as the 2-core validation runs are.
     prefill_share: float = 1.0
     decode_share: float = 1.0
+    itl_slo_s: float | None = None  # the workers' (and router's) --itl-slo
 
     def __post_init__(self) -> None:
         if self.num_prefill < 0:
@@ -57,8 +67,19 @@ class Deployment:
 
     @property
     def name(self) -> str:
+        name = f"{self.num_prefill}P{self.num_decode}D"
+        if self.adaptive:
+            return name + " A"
         threshold = self.placement.disagg_threshold if self.num_prefill else 0
-        return f"{self.num_prefill}P{self.num_decode}D" + (f" T{threshold}" if threshold else "")
+        return name + (f" T{threshold}" if threshold else "")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.placement.mode is PlacementMode.ADAPTIVE
+
+    def costs(self, profile: Profile) -> StepCosts:
+        """The cost model the router predicts with (the decode tier's chunk budget)."""
+        return StepCosts(profile, self.decode_config.max_num_batched_tokens, self.itl_slo_s)
 
     def place(self, prompt_tokens: int, prefill_in_flight: int) -> PrefillPlace:
         tier = PrefillTierState(self.num_prefill, prefill_in_flight)
@@ -118,6 +139,12 @@ class ClusterSim:
         ]
         for worker in self.prefill:
             worker.on_prefilled = self._prefilled
+        if deployment.itl_slo_s is not None:
+            for worker in self.prefill + self.decode:
+                config = worker.config.max_num_batched_tokens
+                worker.scheduler.step_budget = StepCosts(profile, config, deployment.itl_slo_s)
+        self._costs = deployment.costs(profile)
+        self._lent: set[str] = set()  # prefill workers lent streams (adaptive)
         self._decode_of: dict[str, SimWorker] = {}
         self._prefill_in_flight = 0  # Prefill calls sent and not answered (the router's count)
         self._turns = itertools.count()
@@ -148,6 +175,9 @@ class ClusterSim:
         )
 
     def _arrive(self, journey: Journey, now: float) -> None:
+        if self.deployment.adaptive:
+            self._arrive_adaptive(journey, now)
+            return
         decode = self._least_loaded(self.decode)
         place = self.deployment.place(journey.prompt_tokens, self._prefill_in_flight)
         if place is PrefillPlace.LOCAL:
@@ -156,12 +186,51 @@ class ClusterSim:
             self._decode_of[journey.request_id] = decode
             decode.reserve(now, journey, lambda at: self._send_to_prefill(journey, at))
 
-    def _send_to_prefill(self, journey: Journey, now: float) -> None:
+    def _arrive_adaptive(self, journey: Journey, now: float) -> None:
+        """The router's cost-model choice over the workers' exact loads."""
+        self._take_back_idle()
+        by_name = {worker.name: worker for worker in self.prefill + self.decode}
+        states = [self._state(w, WorkerRole.DECODE) for w in self.decode]
+        states += [self._state(w, WorkerRole.PREFILL) for w in self.prefill]
+        prompt, output = journey.prompt_tokens, journey.output_tokens
+        option = place_adaptive(prompt, output, states, self._costs).option
+        decode = by_name[option.decode.address]
+        if option.prefill is None:
+            if decode in self.prefill:
+                self._lent.add(decode.name)
+            decode.add_prompt(now, journey, lambda at: None)
+            return
+        prefill = by_name[option.prefill.address]
+        self._decode_of[journey.request_id] = decode
+        decode.reserve(now, journey, lambda at: self._send_to_prefill(journey, at, prefill))
+
+    def _state(self, worker: SimWorker, tier: WorkerRole) -> WorkerState:
+        load = worker.engine_load()
+        lent = worker.name in self._lent
+        return WorkerState(
+            address=worker.name,
+            tier=tier,
+            role=WorkerRole.DECODE if lent or tier is WorkerRole.DECODE else WorkerRole.PREFILL,
+            running=load.num_running,
+            context_tokens=load.num_context_tokens,
+            pending_prompts=load.num_waiting,
+            pending_prompt_tokens=load.num_pending_prompt_tokens,
+        )
+
+    def _take_back_idle(self) -> None:
+        for worker in self.prefill:
+            load = worker.engine_load()
+            if worker.name in self._lent and not (load.num_running or load.num_waiting):
+                self._lent.discard(worker.name)
+
+    def _send_to_prefill(
+        self, journey: Journey, now: float, prefill: SimWorker | None = None
+    ) -> None:
         # The grant comes from inside the decode worker's loop turn; the Prefill call that follows
         # is a new event so the two workers' turns never nest.
-        prefill = self._least_loaded(self.prefill)
+        chosen = prefill or self._least_loaded(self.prefill)
         self._prefill_in_flight += 1
-        self.at(now, lambda at: prefill.add_prompt(at, journey, lambda _: None))
+        self.at(now, lambda at: chosen.add_prompt(at, journey, lambda _: None, ships=True))
 
     def _prefilled(self, journey: Journey, now: float) -> None:
         decode = self._decode_of.pop(journey.request_id)

@@ -6,8 +6,9 @@ that arrived during the step (new prompts, decode reservations, KV hand-offs), p
 work (decode: grant queued reservations, admit requests whose KV landed), then schedules the next
 step, whose end is an event `profile.step_seconds(shape)` later. At the step's end, as in
 `LLMEngine.step`, every scheduled request catches up by its tokens and each that caught up gets one
-token. A prefill worker's request ends at its first token (its KV ships); a decode worker's at its
-output length.
+token. A request prefilled for another worker ends at its first token (its KV ships); one run
+here end to end (any decode worker's, and a prefill worker's the router lent streams) at its output
+length.
 
 Everything that decides (scheduling, blocks, prefix cache, the reservation queue) is the engine's
 own code from `core/`; this module only moves time and tokens. Prompts are made of token ids that
@@ -17,18 +18,21 @@ no other prompt has (`prompt_token_ids`) except for the prefix a request shares 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
+from pdserve.core.engine_load import EngineLoad, load_of
 from pdserve.core.kv_cache_manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.reservation_queue import ReservationQueue
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
-from pdserve.planner.profile import Profile, StepShape
+from pdserve.core.step_shape import StepShape
+from pdserve.planner.profile import Profile
 from pdserve.planner.workload import TraceRequest
 
 Schedule = Callable[[float, Callable[[float], None]], None]  # (at, action(now))
@@ -134,6 +138,8 @@ class SimWorker:
         self._reservations = ReservationQueue[_Reservation](self.scheduler)  # decode: no blocks
         self._reserved: dict[str, Request] = {}  # decode: blocks held, KV not yet here
         self._landed: list[str] = []  # decode: KV here, admitted at the next loop turn
+        self._ships: set[str] = set()  # prefilled for another worker: done at the first token
+        self._arriving: dict[str, int] = {}  # prompts posted, not yet taken: their lengths
         self._busy = False
         self._turn_pending = False
         self.num_steps = 0
@@ -147,8 +153,14 @@ class SimWorker:
 
     # -- what the router sends (each runs at the worker's next loop turn) ---------------------
 
-    def add_prompt(self, now: float, journey: Journey, granted: Callable[[float], None]) -> None:
-        """A prompt to run here from token 0: prefill's Prefill, or a colocated Generate."""
+    def add_prompt(
+        self, now: float, journey: Journey, granted: Callable[[float], None], ships: bool = False
+    ) -> None:
+        """A prompt to run here from token 0: prefill's Prefill (`ships`: its KV goes to another
+        worker at its first token), or a request run here end to end (GenerateLocal)."""
+        if ships:
+            self._ships.add(journey.request_id)
+        self._arriving[journey.request_id] = journey.prompt_tokens
         self._post(now, lambda at: self._add(journey, at, granted))
 
     def reserve(self, now: float, journey: Journey, granted: Callable[[float], None]) -> None:
@@ -158,6 +170,17 @@ class SimWorker:
     def kv_landed(self, now: float, journey: Journey) -> None:
         """Decode.Generate arrived and the KV is in: the request joins at the next loop turn."""
         self._post(now, lambda at: self._landed.append(journey.request_id))
+
+    def engine_load(self) -> EngineLoad:
+        """What this worker's Load would report (reservations count as waiting, as on decode),
+        with the prompts already sent to it: the router counts those too."""
+        load = load_of(self.scheduler)
+        queued = len(self._reservations) + len(self._reserved) + len(self._arriving)
+        return dataclasses.replace(
+            load,
+            num_waiting=load.num_waiting + queued,
+            num_pending_prompt_tokens=load.num_pending_prompt_tokens + sum(self._arriving.values()),
+        )
 
     def load(self) -> tuple[int, int, float]:
         """The router's least-loaded key: (queued, running, KV fraction in use)."""
@@ -197,8 +220,12 @@ class SimWorker:
         ]
         shape = StepShape.of([(chunk.start, chunk.num_new) for chunk in chunks])
         seconds = self.profile.step_seconds(shape, len(output.swap_out) + len(output.swap_in))
-        if self.role is Role.PREFILL:  # the KV of finished prompts is gathered on this thread
-            shipped = sum(self._blocks_to_send(c.request) for c in chunks if c.completes)
+        if self._ships:  # the KV of finished prompts is gathered on this thread
+            shipped = sum(
+                self._blocks_to_send(c.request)
+                for c in chunks
+                if c.completes and c.request.request_id in self._ships
+            )
             seconds += shipped * self.profile.blocks.gather_s
         seconds /= self._share
         self._record_usage(now)
@@ -227,6 +254,7 @@ class SimWorker:
     # -- requests -------------------------------------------------------------------------
 
     def _add(self, journey: Journey, now: float, granted: Callable[[float], None]) -> None:
+        del self._arriving[journey.request_id]
         request = self._new_request(journey)
         self.scheduler.add(request)
         granted(now)
@@ -262,7 +290,8 @@ class SimWorker:
     def _append_token(self, request: Request, now: float) -> None:
         journey = self.journeys[request.request_id]
         request.output_token_ids.append(0)
-        if self.role is Role.PREFILL:
+        if request.request_id in self._ships:
+            self._ships.discard(request.request_id)
             self._forget(request)
             self.scheduler.finish(request, RequestStatus.FINISHED_LENGTH)
             self.on_prefilled(journey, now)

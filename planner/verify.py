@@ -46,6 +46,11 @@ def verify(
     arrivals = Arrivals(rate, LoadSchedule.POISSON, VERIFY_SEED)
     trace = arrivals.apply(lengths)
     router_args = deployment.placement.router_flags()
+    if deployment.adaptive:  # the router predicts with the profile the plan was made with
+        profile.save(log_dir / "profile.json")
+        router_args += ("--profile", str(log_dir / "profile.json"))
+        budget = str(deployment.decode_config.max_num_batched_tokens)
+        router_args += ("--max-num-batched-tokens", budget)
     pins = own_cores(deployment.num_prefill, deployment.num_decode)
     engine = deployment.decode_config
     with running_cluster(

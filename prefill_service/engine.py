@@ -8,6 +8,9 @@ that group's K/V, so the wire time overlaps the rest of the forward (only the bl
 `num_cached_blocks` decode holds already travel); `_append` (after sampling)
 pushes whatever is left and frees the blocks (every push copies before it returns), and the
 caller's future resolves when decode has every piece.
+
+A prompt added with `add_local` (Decode.GenerateLocal, served here too) has no transfer: it runs
+end to end in the same batch, which is how the router lets an idle prefill worker decode.
 """
 
 from __future__ import annotations
@@ -160,8 +163,12 @@ class PrefillEngine(LLMEngine):
         return job
 
     def _append(self, request: Request, token: int) -> TokenDelta:
-        """The prompt is done: ship its KV, free its blocks, report the first token."""
-        job = self._jobs.pop(request.request_id)
+        """The prompt is done: ship its KV, free its blocks, report the first token. A request
+        run here end to end (`add_local`: the router lent this worker a stream) has no job and
+        goes on decoding as in the offline engine."""
+        job = self._jobs.pop(request.request_id, None)
+        if job is None:
+            return super()._append(request, token)
         sampled_at = time.monotonic()
         sending = job.finish()
         self.scheduler.finish(request, RequestStatus.FINISHED_LENGTH)

@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from pdserve.core.serving.grpc_errors import grpc_errors
-from pdserve.core.serving.proto_convert import descriptor_from_proto
+from pdserve.core.serving.proto_convert import descriptor_from_proto, load_to_proto
 from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.prefill_service import metrics
@@ -58,10 +58,4 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
             engine = self.runtime.engine(PrefillEngine)
-            pool = engine.scheduler.kv_manager.block_pool
-            return common_pb2.LoadResponse(
-                num_waiting=len(engine.scheduler.waiting),
-                num_running=len(engine.scheduler.running),
-                num_free_blocks=pool.num_free,
-                num_total_blocks=pool.num_blocks,
-            )
+            return load_to_proto(engine.load(), engine.scheduler.kv_manager.block_pool)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.core.serving.tls import ChannelTls
-from pdserve.router.placement import PlacementConfig
+from pdserve.planner.step_budget import StepCosts
+from pdserve.router.placement import PlacementConfig, PlacementMode
 from pdserve.router.policy import RoutingPolicy
 
 _PLACEMENT_DEFAULTS = PlacementConfig()
@@ -62,6 +63,10 @@ class RouterConfig:
     # `placement`), flat here because each is a flag of its own.
     disagg_threshold: int = _PLACEMENT_DEFAULTS.disagg_threshold
     max_prefill_queue: int = _PLACEMENT_DEFAULTS.max_prefill_queue
+    placement_mode: PlacementMode = _PLACEMENT_DEFAULTS.mode
+    # The workers' cost model (from --profile, with their chunk budget and --itl-slo): what
+    # --placement adaptive predicts with; None without --profile.
+    costs: StepCosts | None = None
     # How a worker is chosen in each tier: least loaded, or the one whose recent prompts share
     # the most leading blocks with this one, within a load bound (policy.py `prefix_choice`).
     routing_policy: RoutingPolicy = RoutingPolicy.LEAST_LOADED
@@ -88,12 +93,14 @@ class RouterConfig:
         if self.max_migrations < 0:
             raise ValueError(f"--max-migrations: must be >= 0, got {self.max_migrations}")
         PlacementConfig(self.disagg_threshold, self.max_prefill_queue)  # checks both flags
+        if self.placement_mode is PlacementMode.ADAPTIVE and self.costs is None:
+            raise ValueError("--placement adaptive: needs --profile (a `pdserve profile` file)")
         if not 0 <= self.http_port <= 65535:
             raise ValueError(f"--http-port: must be in [0, 65535], got {self.http_port}")
 
     @property
     def placement(self) -> PlacementConfig:
-        return PlacementConfig(self.disagg_threshold, self.max_prefill_queue)
+        return PlacementConfig(self.disagg_threshold, self.max_prefill_queue, self.placement_mode)
 
 
 def _flag(field: str) -> str:

@@ -2,6 +2,9 @@
 
     placement (placement.py) ──local──> Decode.GenerateLocal on the least-loaded decode worker
               └──remote──> Reserve + Prefill (remote_prefill.py) -> Decode.Generate
+    --placement adaptive (adaptive_placement.py) chooses the workers too: local on a decode
+        worker or on a prefill worker it lends streams (roles.py), or remote from a given
+        prefill worker to a given decode worker
     token deltas to the caller
     decode worker lost mid-stream (UNAVAILABLE) ──> migrate: a new run on another decode worker
         (placed by the same rule) gets the prompt and, as its resumed output, every token
@@ -27,12 +30,14 @@ import grpc
 
 from pdserve.router import metrics
 from pdserve.router.aborts import Aborts
+from pdserve.router.adaptive_placement import place_adaptive
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import RouterError
-from pdserve.router.placement import PrefillPlace, PrefillTierState, place_prefill
+from pdserve.router.placement import PlacementMode, PrefillPlace, PrefillTierState, place_prefill
 from pdserve.router.registry import Registry, Worker
-from pdserve.router.remote_prefill import RemotePrefill
+from pdserve.router.remote_prefill import Chosen, RemotePrefill
+from pdserve.router.roles import Roles
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2
 
@@ -62,6 +67,7 @@ class Dispatcher:
         self.config = config
         self.aborts = Aborts(registry, config)
         self.remote = RemotePrefill(registry, config, self.aborts)
+        self.roles = Roles(registry)
 
     @property
     def block_size(self) -> int:
@@ -109,7 +115,21 @@ class Dispatcher:
         clock: RequestClock,
         avoid: Collection[str],
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
-        """One run on one decode worker, prefilled where the placement rule says."""
+        """One run on one decode worker, prefilled where the placement says."""
+        if self.config.placement_mode is PlacementMode.ADAPTIVE:
+            decode, start = await self._adaptive(request, deadline, clock, avoid)
+        else:
+            decode, start = await self._threshold(request, deadline, clock, avoid)
+        async for delta in self._relay(decode, start, request.request_id):
+            yield delta
+
+    async def _threshold(
+        self,
+        request: ValidatedRequest,
+        deadline: Deadline,
+        clock: RequestClock,
+        avoid: Collection[str],
+    ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
         prefill = self.registry.prefill
         tier = PrefillTierState(prefill.healthy_count(), prefill.in_flight())
         placement = place_prefill(
@@ -120,21 +140,46 @@ class Dispatcher:
         )
         metrics.PREFILL_PLACEMENTS.labels(placement.place.value, placement.reason.value).inc()
         if placement.place is PrefillPlace.LOCAL:
-            decode, start = await self._local(request, deadline, clock, avoid)
-        else:
-            decode, start = await self._remote(request, deadline, clock, avoid)
-        async for delta in self._relay(decode, start, request.request_id):
-            yield delta
+            decode = self.registry.decode.pick(avoid=avoid, prompt=request.prompt_token_ids)
+            return await self._local(request, deadline, clock, decode)
+        return await self._remote(request, deadline, clock, avoid)
 
-    async def _local(
+    async def _adaptive(
         self,
         request: ValidatedRequest,
         deadline: Deadline,
         clock: RequestClock,
         avoid: Collection[str],
     ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
+        """The cost model's choice of workers (adaptive_placement.py)."""
+        costs = self.config.costs
+        assert costs is not None  # RouterConfig refuses --placement adaptive without a profile
+        self.roles.take_back_idle()
+        prompt_tokens = len(request.prompt_token_ids)
+        output_tokens = request.sampling.max_tokens
+        states = self.roles.worker_states(avoid)
+        choice = place_adaptive(prompt_tokens, output_tokens, states, costs)
+        placement, option = choice.placement, choice.option
+        metrics.PREFILL_PLACEMENTS.labels(placement.place.value, placement.reason.value).inc()
+        if option.prefill is None:
+            decode = self.roles.decode_worker(option.decode.address)
+            self.registry.decode.count_prompt(decode, prompt_tokens)
+            return await self._local(request, deadline, clock, decode)
+        chosen = (
+            self.registry.decode.workers[option.decode.address],
+            self.registry.prefill.workers[option.prefill.address],
+        )
+        self.registry.prefill.count_prompt(chosen[1], prompt_tokens)
+        return await self._remote(request, deadline, clock, avoid, chosen)
+
+    async def _local(
+        self,
+        request: ValidatedRequest,
+        deadline: Deadline,
+        clock: RequestClock,
+        decode: Worker[DecodeAsyncStub],
+    ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
         """Colocated: the decode worker prefills the prompt itself."""
-        decode = self.registry.decode.pick(avoid=avoid, prompt=request.prompt_token_ids)
         await self.aborts.settled(decode.address, request.request_id)
         self.registry.decode.acquire(decode)
         message = decode_pb2.GenerateLocalRequest(
@@ -157,9 +202,10 @@ class Dispatcher:
         deadline: Deadline,
         clock: RequestClock,
         avoid: Collection[str],
+        chosen: Chosen | None = None,
     ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
         """Disaggregated: the prefill tier prefills it into a reservation on decode."""
-        handoff = await self.remote.handoff(request, deadline, clock, avoid)
+        handoff = await self.remote.handoff(request, deadline, clock, avoid, chosen)
         message = decode_pb2.DecodeRequest(
             request_id=request.request_id,
             transfer_token=handoff.transfer_token,

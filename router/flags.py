@@ -7,9 +7,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pdserve.core.config import EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments, add_server_arguments
 from pdserve.core.serving.tls import ChannelTls
+from pdserve.planner.profile import load_profile
+from pdserve.planner.step_budget import StepCosts
 from pdserve.router.config import RequestCaps, RouterConfig
+from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy
 from pdserve.router.targets import parse_targets
 
@@ -85,6 +89,16 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         group,
+        "--placement",
+        str,
+        defaults.placement_mode.value,
+        "where prompts are prefilled: threshold (--disagg-threshold, --max-prefill-queue) or "
+        "adaptive (the cost model from --profile predicts each option; docs/router.md)",
+        choices=[mode.value for mode in PlacementMode],
+    )
+    _add_cost_model_arguments(group)
+    add_flag(
+        group,
         "--routing-policy",
         str,
         defaults.routing_policy.value,
@@ -108,6 +122,34 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_cap_arguments(parser)
     _add_worker_tls_arguments(parser)
+
+
+def _add_cost_model_arguments(group: argparse._ArgumentGroup) -> None:
+    add_flag(group, "--profile", Path, None, "`pdserve profile`'s cost model (adaptive placement)")
+    add_flag(
+        group,
+        "--itl-slo",
+        float,
+        None,
+        "seconds: the workers' ITL SLO (as they were started with), which caps their steps' "
+        "prompt tokens; adaptive placement predicts with it (default: off)",
+    )
+    add_flag(
+        group,
+        "--max-num-batched-tokens",
+        int,
+        EngineConfig().max_num_batched_tokens,
+        "the workers' token budget a step (as they were started with): adaptive placement "
+        "predicts their prompt chunks with it",
+    )
+
+
+def _costs_from_args(args: argparse.Namespace) -> StepCosts | None:
+    if args.profile is None:
+        if args.itl_slo is not None:
+            raise ValueError("--itl-slo: needs --profile (the cost model that prices a step)")
+        return None
+    return StepCosts(load_profile(args.profile), args.max_num_batched_tokens, args.itl_slo)
 
 
 def _add_cap_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +204,8 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         abort_timeout_seconds=args.abort_timeout_seconds,
         disagg_threshold=args.disagg_threshold,
         max_prefill_queue=args.max_prefill_queue,
+        placement_mode=PlacementMode(args.placement),
+        costs=_costs_from_args(args),
         max_migrations=args.max_migrations,
         routing_policy=RoutingPolicy(args.routing_policy),
         caps=RequestCaps(

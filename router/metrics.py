@@ -68,3 +68,9 @@ MIGRATIONS = Counter(
     "UNAVAILABLE because none could take them (failed)",
     ["outcome"],
 )
+ROLE_CHANGES = Counter(
+    "pdserve_router_role_changes",
+    "Prefill workers lent streams by adaptive placement (role decode) and taken back once their "
+    "streams were done (role prefill) (router/roles.py)",
+    ["role"],
+)

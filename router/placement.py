@@ -10,9 +10,14 @@ worker that will generate it (colocated), decided per request, as Dynamo's and l
 
 A huge threshold makes every prompt local: a colocated deployment with the same binaries.
 
-`PlacementConfig` holds the rule's two settings, with the router's defaults: the router builds it
-from `--disagg-threshold` and `--max-prefill-queue`, the planner's simulator places with it, and
-`pdserve plan` writes it into the chart's values, which hand it to the router as those flags.
+That is `--placement threshold` (the default). `--placement adaptive` chooses by predicting each
+option's cost with the profiled cost model instead (adaptive_placement.py); its reasons are the
+members after LONG_PROMPT.
+
+`PlacementConfig` holds the rule's settings, with the router's defaults: the router builds it
+from `--placement`, `--disagg-threshold` and `--max-prefill-queue`, the planner's simulator places
+with it, and `pdserve plan` writes it into the chart's values, which hand it to the router as
+those flags.
 """
 
 from __future__ import annotations
@@ -32,6 +37,19 @@ class PlacementReason(enum.Enum):
     SHORT_PROMPT = "short_prompt"
     PREFILL_SATURATED = "prefill_saturated"
     LONG_PROMPT = "long_prompt"
+    # --placement adaptive (adaptive_placement.py): what decided the cheapest option.
+    LOCAL_CHEAPER = "local_cheaper"  # prefilling on its decode worker costs least
+    REMOTE_FASTER = "remote_faster"  # the prefill tier gives it the earliest first token
+    SPARES_STREAMS = "spares_streams"  # local would be sooner, but stall the streams running there
+    PREFILL_IDLE = "prefill_idle"  # end to end on an idle prefill worker, now lent to decode
+    LENT_PREFILL_WORKER = "lent_prefill_worker"  # end to end on a prefill worker already lent
+
+
+class PlacementMode(enum.Enum):
+    """`--placement`: the threshold rule (below), or the cost model (adaptive_placement.py)."""
+
+    THRESHOLD = "threshold"
+    ADAPTIVE = "adaptive"
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,8 @@ class PlacementConfig:
     # Prefill calls in flight per healthy prefill worker at which the tier counts as saturated
     # and long prompts too are prefilled locally (with a threshold > 0); 0 = never saturated.
     max_prefill_queue: int = 4
+    # ADAPTIVE ignores the two above: the cost model decides.
+    mode: PlacementMode = PlacementMode.THRESHOLD
 
     def __post_init__(self) -> None:
         for name in ("disagg_threshold", "max_prefill_queue"):
@@ -58,7 +78,14 @@ class PlacementConfig:
     def router_flags(self) -> tuple[str, ...]:
         """The router's flags for this placement (what the chart and the planner's runs pass)."""
         threshold, queue = str(self.disagg_threshold), str(self.max_prefill_queue)
-        return ("--disagg-threshold", threshold, "--max-prefill-queue", queue)
+        return (
+            "--placement",
+            self.mode.value,
+            "--disagg-threshold",
+            threshold,
+            "--max-prefill-queue",
+            queue,
+        )
 
 
 @dataclass(frozen=True)

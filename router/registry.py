@@ -64,6 +64,9 @@ class Worker(Generic[StubT]):
     # Unhealthy only because its Load answers came late (a busy worker, not a dead one).
     slow: bool = False
     removed: bool = False
+    # Prompts (and their tokens) the router sent it to prefill since its last load report.
+    sent_prompts: int = 0
+    sent_prompt_tokens: int = 0
 
     def load(self) -> WorkerLoad:
         report = self.report or common_pb2.LoadResponse()
@@ -95,9 +98,26 @@ class WorkerPool(Generic[StubT]):
         self._turn = 0
         self.prefix_map = prefix_map  # set under --routing-policy prefix (shared by both tiers)
         self._closing: set[asyncio.Task[None]] = set()
+        self._targets: set[str] = set()  # from the flags or DNS
+        self.borrowed: set[str] = set()  # another tier's workers lent to this one (roles.py)
 
     def set_addresses(self, addresses: Iterable[str]) -> None:
-        wanted = set(addresses)
+        self._targets = set(addresses)
+        self._apply_addresses()
+
+    def borrow(self, address: str) -> Worker[StubT]:
+        """A worker of the other tier joins this one until `give_back` (its role changed)."""
+        self.borrowed.add(address)
+        self._apply_addresses()
+        return self.workers[address]
+
+    def give_back(self, address: str) -> None:
+        """Its calls in flight run to their end (a removed worker's channel closes after)."""
+        self.borrowed.discard(address)
+        self._apply_addresses()
+
+    def _apply_addresses(self) -> None:
+        wanted = self._targets | self.borrowed
         for address in wanted - self.workers.keys():
             channel = secure_channel(address, self._tls, self._channel_options)
             self.workers[address] = Worker(address, channel, self._make_stub(channel))
@@ -116,10 +136,17 @@ class WorkerPool(Generic[StubT]):
             self._close_if_idle(worker)
         self._update_gauges()
 
-    def pick(self, avoid: Collection[str] = (), prompt: Sequence[int] = ()) -> Worker[StubT]:
+    def pick(
+        self, avoid: Collection[str] = (), prompt: Sequence[int] = (), own: bool = False
+    ) -> Worker[StubT]:
         """A healthy worker for `prompt`, preferring those not in `avoid` (already tried): the
-        least loaded, or under `--routing-policy prefix` the `prefix_choice`."""
-        live = [w for w in self.workers.values() if not w.removed]
+        least loaded, or under `--routing-policy prefix` the `prefix_choice`. `own`: only the
+        tier's own workers, not borrowed ones (a lent prefill worker cannot receive KV)."""
+        live = [
+            w
+            for w in self.workers.values()
+            if not w.removed and not (own and w.address in self.borrowed)
+        ]
         # Only slow ones left: a busy worker serves late, which beats refusing the request.
         usable = [w for w in live if w.healthy] or [w for w in live if w.slow]
         fresh = [w for w in usable if w.address not in avoid]
@@ -140,6 +167,11 @@ class WorkerPool(Generic[StubT]):
         """A request sent to `worker`: counts towards its load until the next poll."""
         self.hold(worker)
         worker.dispatched_since_poll += 1
+
+    def count_prompt(self, worker: Worker[StubT], tokens: int) -> None:
+        """A prompt sent to `worker` to prefill: counts towards its load until the next poll."""
+        worker.sent_prompts += 1
+        worker.sent_prompt_tokens += tokens
 
     def hold(self, worker: Worker[StubT]) -> None:
         """Keeps `worker`'s channel open (even once it has left DNS) until `release`."""
@@ -188,6 +220,7 @@ class WorkerPool(Generic[StubT]):
         if not worker.healthy:
             log.info("%s worker %s healthy", self.tier.value, worker.address)
         worker.report, worker.healthy, worker.dispatched_since_poll = report, True, 0
+        worker.sent_prompts = worker.sent_prompt_tokens = 0
         worker.slow = False
         worker.failed_polls = 0
 

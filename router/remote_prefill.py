@@ -29,6 +29,7 @@ from pdserve.v1 import common_pb2, decode_pb2, prefill_pb2
 
 if TYPE_CHECKING:
     from pdserve.v1.decode_pb2_grpc import DecodeAsyncStub
+    from pdserve.v1.prefill_pb2_grpc import PrefillAsyncStub
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class Handoff:
     first_token_id: int
 
 
+# The adaptive placement's (decode, prefill) workers for the first attempt (retries pick anew).
+Chosen = tuple["Worker[DecodeAsyncStub]", "Worker[PrefillAsyncStub]"]
+
+
 class RemotePrefill:
     def __init__(self, registry: Registry, config: RouterConfig, aborts: Aborts) -> None:
         self.registry = registry
@@ -69,13 +74,18 @@ class RemotePrefill:
         deadline: Deadline,
         clock: RequestClock,
         avoid_decode: Collection[str] = (),
+        chosen: Chosen | None = None,
     ) -> Handoff:
-        """Reserve + Prefill with retries; `avoid_decode` are workers not to reserve on (lost)."""
+        """Reserve + Prefill with retries; `avoid_decode` are workers not to reserve on (lost);
+        `chosen` the workers of the first attempt (else the least loaded)."""
         tried_decode: set[str] = set(avoid_decode)
         tried_prefill: set[str] = set()
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                return await self._attempt(request, deadline, clock, tried_decode, tried_prefill)
+                first = chosen if attempt == 1 else None
+                return await self._attempt(
+                    request, deadline, clock, tried_decode, tried_prefill, first
+                )
             except RetryableError as failure:
                 if attempt == self.config.max_attempts:
                     raise failure.cause from None
@@ -90,9 +100,14 @@ class RemotePrefill:
         clock: RequestClock,
         tried_decode: set[str],
         tried_prefill: set[str],
+        chosen: Chosen | None,
     ) -> Handoff:
         pool = self.registry.decode
-        decode = pool.pick(avoid=tried_decode, prompt=request.prompt_token_ids)
+        decode = (
+            chosen[0]
+            if chosen is not None
+            else pool.pick(avoid=tried_decode, prompt=request.prompt_token_ids, own=True)
+        )
         tried_decode.add(decode.address)
         pool.acquire(decode)
         handed_off = False
@@ -100,7 +115,10 @@ class RemotePrefill:
             descriptor = await self._reserve(decode, request, deadline, tried_decode)
             self.block_size = descriptor.layout.block_size or self.block_size
             try:
-                result = await self._prefill(request, descriptor, deadline, clock, tried_prefill)
+                prefill = None if chosen is None else chosen[1]
+                result = await self._prefill(
+                    request, descriptor, deadline, clock, tried_prefill, prefill
+                )
             except BaseException:
                 self.aborts.later(decode, request.request_id)
                 raise
@@ -145,9 +163,10 @@ class RemotePrefill:
         deadline: Deadline,
         clock: RequestClock,
         tried: set[str],
+        chosen: Worker[PrefillAsyncStub] | None,
     ) -> prefill_pb2.PrefillResult:
         pool = self.registry.prefill
-        worker = pool.pick(avoid=tried, prompt=request.prompt_token_ids)
+        worker = chosen or pool.pick(avoid=tried, prompt=request.prompt_token_ids)
         tried.add(worker.address)
         message = prefill_pb2.PrefillRequest(
             request_id=request.request_id,

@@ -1,8 +1,9 @@
-"""The three deployments `pdserve bench disagg` compares, each on the same two pinned cores."""
+"""The four deployments `pdserve bench disagg` compares, each on the same two pinned cores."""
 
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,34 +17,65 @@ METRICS_BASE_PORT = 50200
 UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
 
 
+class Routing(enum.Enum):
+    """How an arm's router places prompts."""
+
+    REMOTE = "remote"  # every prompt on the prefill tier (local when there is none)
+    THRESHOLD = "threshold"  # shorter than --threshold on decode (conditional)
+    ADAPTIVE = "adaptive"  # the cost model (--placement adaptive) with SLO-aware steps
+
+
 @dataclass(frozen=True)
 class Arm:
     name: str
     num_prefill: int
     num_decode: int
-    conditional: bool  # routes by --disagg-threshold; else every prompt remote (or local: no tier)
+    routing: Routing
 
 
 ARMS = {
-    "colocated": Arm("colocated", num_prefill=0, num_decode=2, conditional=False),
-    "disaggregated": Arm("disaggregated", num_prefill=1, num_decode=1, conditional=False),
-    "conditional": Arm("conditional", num_prefill=1, num_decode=1, conditional=True),
+    "colocated": Arm("colocated", num_prefill=0, num_decode=2, routing=Routing.REMOTE),
+    "disaggregated": Arm("disaggregated", num_prefill=1, num_decode=1, routing=Routing.REMOTE),
+    "conditional": Arm("conditional", num_prefill=1, num_decode=1, routing=Routing.THRESHOLD),
+    "adaptive": Arm("adaptive", num_prefill=1, num_decode=1, routing=Routing.ADAPTIVE),
 }
+
+
+@dataclass(frozen=True)
+class ArmSettings:
+    """What the arms share: the conditional arm's threshold, every worker's token budget a
+    step, and the adaptive arm's cost model and ITL SLO."""
+
+    threshold: int
+    chunk_tokens: int
+    profile: Path
+    itl_slo_s: float
+
+
+def _flags(arm: Arm, settings: ArmSettings) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(worker flags, router flags) of the arm."""
+    chunk = ("--max-num-batched-tokens", str(settings.chunk_tokens))
+    if arm.routing is not Routing.ADAPTIVE:
+        threshold = settings.threshold if arm.routing is Routing.THRESHOLD else 0
+        return chunk, ("--disagg-threshold", str(threshold))
+    cost_model = ("--profile", str(settings.profile), "--itl-slo", str(settings.itl_slo_s))
+    return (*chunk, *cost_model), ("--placement", "adaptive", *chunk, *cost_model)
 
 
 @contextlib.contextmanager
 def running_arm(
-    arm: Arm, model_dir: Path, threshold: int, chunk_tokens: int, log_dir: Path | None
+    arm: Arm, model_dir: Path, settings: ArmSettings, log_dir: Path | None
 ) -> Iterator[Cluster]:
     """Starts the arm's router and pinned workers; yields the ready cluster."""
+    worker_args, router_args = _flags(arm, settings)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=arm.num_prefill,
         num_decode=arm.num_decode,
         base_port=BASE_PORT,
         metrics_base_port=METRICS_BASE_PORT,
-        worker_args=("--max-num-batched-tokens", str(chunk_tokens)),
-        router_args=("--disagg-threshold", str(threshold if arm.conditional else 0)),
+        worker_args=worker_args,
+        router_args=router_args,
         env=UCX_ENV,
         pins=own_cores(arm.num_prefill, arm.num_decode),  # the same two cores in every arm
     )

@@ -1,4 +1,4 @@
-"""`pdserve bench disagg`: colocated vs disaggregated vs conditional on the same two cores.
+"""`pdserve bench disagg`: colocated, disaggregated, conditional and adaptive on the same two cores.
 
 The methodology of vLLM's disaggregated-prefill benchmark, on this machine's budget of 2 cores:
 every arm gets the same two worker processes' worth of CPU, one core each, one torch thread each
@@ -8,6 +8,9 @@ every arm gets the same two worker processes' worth of CPU, one core each, one t
                    requests inside its continuous batch (chunked prefill)
     disaggregated  1 prefill worker (core 0) + 1 decode worker (core 1); every prompt remote
     conditional    the same two workers; prompts shorter than --threshold are prefilled on decode
+    adaptive       the same two workers; the router's cost model (--profile) places each prompt
+                   and may lend the prefill worker streams, and every worker caps a decoding
+                   step's prompt tokens to stay within --itl-slo (docs/router.md)
 
 Each arm's cluster starts once, is warmed up (requests of every class, not counted), then serves
 every point: each rate `--repeats` times. A point (rate, repeat) sends `rate x --duration`
@@ -28,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdserve.bench.disagg import counters
-from pdserve.bench.disagg.arms import ARMS, Arm, running_arm
+from pdserve.bench.disagg.arms import ARMS, Arm, ArmSettings, running_arm
 from pdserve.bench.disagg.attainment import goodput_rate, outcomes
 from pdserve.bench.disagg.report import ArmResult, Repeat, plot_results, print_header
 from pdserve.bench.disagg.workload import (
@@ -45,6 +48,9 @@ from pdserve.loadtest.driver import drive
 from pdserve.loadtest.schedule import LoadSchedule
 
 WARMUP_PER_WORKER = 3  # requests per worker before the first point: endpoints, pages, allocator
+# The cost model measured on this project's 2-core CPU machine (docs/planning.md), in the source
+# tree next to this package.
+DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,13 @@ class BenchSettings:
     tpot_slo_s: float
     threshold: int
     chunk_tokens: int
+    profile: Path = DEFAULT_PROFILE
+    itl_slo_s: float | None = None  # None: the TPOT SLO
+
+    @property
+    def arms(self) -> ArmSettings:
+        itl_slo = self.tpot_slo_s if self.itl_slo_s is None else self.itl_slo_s
+        return ArmSettings(self.threshold, self.chunk_tokens, self.profile, itl_slo)
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated")
     parser.add_argument("--threshold", type=int, default=512, help="conditional arm's threshold")
     parser.add_argument("--chunk", type=int, default=512, help="max tokens a step (chunking)")
+    parser.add_argument(
+        "--profile", type=Path, default=DEFAULT_PROFILE, help="adaptive arm's cost model"
+    )
+    parser.add_argument(
+        "--itl-slo", type=float, default=None, help="adaptive arm's ITL SLO, s (default: TPOT's)"
+    )
     parser.add_argument(
         "--slo-tpot", type=float, default=0.15, help="TPOT SLO, seconds (TTFT SLOs: the SPEC)"
     )
@@ -119,8 +138,18 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         raise ValueError(f"--rates: every rate must be > 0, got {args.rates}")
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    if "adaptive" in args.arms.split(",") and not args.profile.is_file():
+        raise ValueError(f"--profile: {args.profile} is not a file (the adaptive arm needs one)")
     return BenchSettings(
-        rates, args.duration, args.repeats, args.seed, args.slo_tpot, args.threshold, args.chunk
+        rates,
+        args.duration,
+        args.repeats,
+        args.seed,
+        args.slo_tpot,
+        args.threshold,
+        args.chunk,
+        args.profile,
+        args.itl_slo,
     )
 
 
@@ -153,7 +182,7 @@ def _run_arm(
 ) -> list[ArmResult]:
     repeats: dict[float, list[Repeat]] = {}
     log_dir = None if args.log_dir is None else args.log_dir / arm.name
-    with running_arm(arm, model_dir, settings.threshold, settings.chunk_tokens, log_dir) as cluster:
+    with running_arm(arm, model_dir, settings.arms, log_dir) as cluster:
         _send(cluster.router.address, warmup, rate=None, schedule_seed=0)
         for point in points:
             repeats.setdefault(point.rate, []).append(_run_point(cluster, point, settings))

@@ -11,6 +11,7 @@ import grpc
 from pdserve.core.errors import (
     DrainingError,
     KVNotArrivedError,
+    NotServedHereError,
     QueueFullError,
     TransferTokenError,
     UnknownRequestError,
@@ -25,6 +26,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (TransferTokenError, grpc.StatusCode.PERMISSION_DENIED),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (LayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotServedHereError, grpc.StatusCode.FAILED_PRECONDITION),
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnknownRequestError, grpc.StatusCode.NOT_FOUND),
     (KVNotArrivedError, grpc.StatusCode.ABORTED),

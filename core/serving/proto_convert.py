@@ -5,6 +5,8 @@ sampling_proto.py (torch-free).
 
 from __future__ import annotations
 
+from pdserve.core.block_pool import BlockPool
+from pdserve.core.engine_load import EngineLoad
 from pdserve.core.kv_cache import KVLayout
 from pdserve.core.outputs import FinishReason
 from pdserve.core.transfer.interface import TransferDescriptor
@@ -69,4 +71,16 @@ def descriptor_from_proto(message: common_pb2.TransferDescriptor) -> TransferDes
         token=message.transfer_token,
         num_pieces=message.num_pieces or 1,  # unset: one message, as before pieces existed
         num_cached_blocks=message.num_cached_blocks,
+    )
+
+
+def load_to_proto(load: EngineLoad, pool: BlockPool) -> common_pb2.LoadResponse:
+    """A worker's `Load` answer (both tiers answer the same way)."""
+    return common_pb2.LoadResponse(
+        num_waiting=load.num_waiting,
+        num_running=load.num_running,
+        num_free_blocks=pool.num_free,
+        num_total_blocks=pool.num_blocks,
+        num_context_tokens=load.num_context_tokens,
+        num_pending_prompt_tokens=load.num_pending_prompt_tokens,
     )

@@ -7,15 +7,17 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
 
 from pdserve.core.engine import LLMEngine
-from pdserve.core.errors import DrainingError
+from pdserve.core.errors import DrainingError, NotServedHereError
 from pdserve.core.outputs import TokenDelta
 from pdserve.core.serving.cli_config import (
     add_engine_arguments,
+    add_flag,
     add_model_arguments,
     add_server_arguments,
     add_ucx_arguments,
@@ -44,7 +46,9 @@ class TierRuntime:
         """The loaded engine, as the tier's own engine class."""
         engine = self.engine_loop().engine
         if not isinstance(engine, kind):
-            raise TypeError(f"engine: expected {kind.__name__}, got {type(engine).__name__}")
+            raise NotServedHereError(
+                f"this call needs a {kind.__name__}; this worker runs a {type(engine).__name__}"
+            )
         return engine
 
     def check_accepting(self) -> None:
@@ -141,6 +145,16 @@ def add_tier_arguments(parser: argparse.ArgumentParser, port: int, metrics_port:
     add_engine_arguments(parser)
     add_server_arguments(parser, port, metrics_port)
     add_ucx_arguments(parser)
+    group = parser.add_argument_group("SLO-aware steps (planner/step_budget.py)")
+    add_flag(
+        group,
+        "--itl-slo",
+        float,
+        None,
+        "seconds: a step that decodes takes only the prompt tokens that keep its predicted time "
+        "within this (needs --profile; default: off)",
+    )
+    add_flag(group, "--profile", Path, None, "`pdserve profile`'s cost model (for --itl-slo)")
 
 
 def run_tier(

@@ -210,6 +210,9 @@ class FakeTiers:
     prefill_addresses: list[str]
     decode_addresses: list[str]
     servers: list[grpc.aio.Server]
+    # The Decode service each prefill worker serves too (streams the router lends it), sharing
+    # that worker's knobs (one process, one load).
+    lent: list[FakeDecode] = field(default_factory=list)
 
 
 @contextlib.asynccontextmanager
@@ -217,13 +220,19 @@ async def fake_tiers(num_prefill: int = 1, num_decode: int = 1) -> AsyncIterator
     tiers = FakeTiers([], [], [], [], [])
     try:
         for _ in range(num_prefill):
-            prefill = FakePrefill()
-            address = await _serve(tiers, prefill_pb2_grpc.add_PrefillServicer_to_server, prefill)
+            prefill, lent = FakePrefill(), FakeDecode()
+            lent.knobs = prefill.knobs
+            address = await _serve(
+                tiers,
+                (prefill_pb2_grpc.add_PrefillServicer_to_server, prefill),
+                (decode_pb2_grpc.add_DecodeServicer_to_server, lent),
+            )
             tiers.prefill.append(prefill)
+            tiers.lent.append(lent)
             tiers.prefill_addresses.append(address)
         for _ in range(num_decode):
             decode = FakeDecode()
-            address = await _serve(tiers, decode_pb2_grpc.add_DecodeServicer_to_server, decode)
+            address = await _serve(tiers, (decode_pb2_grpc.add_DecodeServicer_to_server, decode))
             tiers.decode.append(decode)
             tiers.decode_addresses.append(address)
         yield tiers
@@ -231,9 +240,10 @@ async def fake_tiers(num_prefill: int = 1, num_decode: int = 1) -> AsyncIterator
         await asyncio.gather(*(server.stop(None) for server in tiers.servers))
 
 
-async def _serve(tiers: FakeTiers, add: Any, servicer: Any) -> str:
+async def _serve(tiers: FakeTiers, *services: tuple[Any, Any]) -> str:
     server = grpc.aio.server()
-    add(servicer, server)
+    for add, servicer in services:
+        add(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     tiers.servers.append(server)

@@ -297,3 +297,16 @@ def test_grafana_dashboard_is_off_by_default_and_carries_the_sidecar_label(
     assert dashboard == json.loads(DASHBOARD.read_text())
     titles = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
     assert titles == ["Router", "Prefill", "Decode"]
+
+
+def test_router_placement_values_become_its_flags(render: Render) -> None:
+    """What an adaptive `pdserve plan` writes reaches the router as --placement, --profile and
+    --max-num-batched-tokens; unset, the router keeps its defaults (no flag)."""
+    values = {"placement": "adaptive", "profile": "/etc/pdserve/profile.json"}
+    objects = render({"router": {**values, "maxNumBatchedTokens": 512}}, RELEASE, NAMESPACE)
+    args = container(objects, "router")["args"]
+    assert flag(args, "--placement") == "adaptive"
+    assert flag(args, "--profile") == "/etc/pdserve/profile.json"
+    assert flag(args, "--max-num-batched-tokens") == "512"
+    defaults = container(render({}, RELEASE, NAMESPACE), "router")["args"]
+    assert flag(defaults, "--placement") is None

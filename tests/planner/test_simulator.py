@@ -15,7 +15,7 @@ from pdserve.core.static_scheduler import StaticScheduler
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement import PlacementConfig, PlacementMode
 from tests.planner.helpers import fixed_step_profile
 
 STEP = 0.05
@@ -171,3 +171,41 @@ def test_requests_share_only_the_prefix_the_trace_gives_them() -> None:
     ]
     result = _run(Deployment(0, 1), requests)
     assert result.prefix_hit_tokens == 16 + 0 + 48
+
+
+def test_adaptive_placement_is_the_routers_own_function() -> None:
+    """One placement module: the simulator calls the router's decision, not a copy."""
+    from pdserve.planner import sim_cluster
+    from pdserve.router import adaptive_placement
+
+    assert sim_cluster.place_adaptive is adaptive_placement.place_adaptive
+
+
+def test_adaptive_placement_lends_an_idle_prefill_worker_streams() -> None:
+    """Two requests at once on 1P1D: the first stays on the decode worker (no hand-off); the
+    second would stall it, so it runs end to end on the idle prefill worker, and both decode in
+    parallel: every token of each comes one step apart from the start."""
+    adaptive = PlacementConfig(mode=PlacementMode.ADAPTIVE)
+    result = _run(Deployment(1, 1, placement=adaptive), [TraceRequest(0.0, 20, 3)] * 2)
+    for journey in result.journeys:
+        assert journey.token_times == pytest.approx([STEP, 2 * STEP, 3 * STEP])
+    usage = {sample.worker for sample in result.usage}
+    assert usage == {"prefill-0", "decode-0"}
+
+
+def test_an_itl_slo_caps_the_simulated_steps_too() -> None:
+    """The simulated workers step under the same budget as real ones: with every step costing
+    more than the SLO, a prompt beside a decode gets MIN_CHUNK_TOKENS a step."""
+    from pdserve.planner.step_budget import MIN_CHUNK_TOKENS
+
+    deployment = Deployment(0, 1, itl_slo_s=STEP / 2)
+    sim = ClusterSim(deployment, fixed_step_profile(STEP))
+    for worker in sim.decode:
+        worker.record_outputs = True
+    sim.run([TraceRequest(0.0, 4, 10), TraceRequest(STEP / 2, 100, 1)])
+    chunks = [
+        output.num_scheduled_tokens.get("1", 0)
+        for output in sim.decode[0].outputs
+        if "0" in output.num_scheduled_tokens
+    ]
+    assert max(chunks) == MIN_CHUNK_TOKENS

@@ -121,3 +121,28 @@ def test_router_becomes_ready_serves_metrics_and_drains(model_dir: Path) -> None
             assert "pdserve_router_time_to_first_token_seconds_count" in text
 
     asyncio.run(body())
+
+
+PROFILE = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
+
+
+def test_adaptive_placement_needs_a_profile() -> None:
+    with pytest.raises(ValueError, match="--placement adaptive: needs --profile"):
+        router_config_from_args(parse("--placement", "adaptive"))
+    with pytest.raises(ValueError, match="--itl-slo: needs --profile"):
+        router_config_from_args(parse("--itl-slo", "0.2"))
+
+
+def test_adaptive_placement_reads_the_cost_model_once() -> None:
+    args = parse("--placement", "adaptive", "--profile", str(PROFILE), "--itl-slo", "0.2")
+    config = router_config_from_args(args)
+    assert config.costs is not None
+    assert (config.costs.itl_slo_s, config.costs.max_num_batched_tokens) == (0.2, 2048)
+    assert config.placement.router_flags()[:2] == ("--placement", "adaptive")
+
+
+def test_a_bad_profile_is_refused_naming_it(tmp_path: Path) -> None:
+    broken = tmp_path / "profile.json"
+    broken.write_text("{")
+    with pytest.raises(ValueError, match="profile"):
+        router_config_from_args(parse("--placement", "adaptive", "--profile", str(broken)))

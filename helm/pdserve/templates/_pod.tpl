@@ -33,6 +33,15 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- if hasKey $cfg "maxPrefillQueue" }}
 - --max-prefill-queue={{ $cfg.maxPrefillQueue }}
 {{- end }}
+{{- with $cfg.placement }}
+- --placement={{ . }}
+{{- end }}
+{{- with $cfg.profile }}
+- --profile={{ . }}
+{{- end }}
+{{- with $cfg.maxNumBatchedTokens }}
+- --max-num-batched-tokens={{ . }}
+{{- end }}
 {{- end }}
 {{- /* The router tokenizes and renders the chat template: it must read the workers' model. */}}
 - --model={{ .root.Values.model.path }}

@@ -1,0 +1,108 @@
+"""SLO-aware step budgets (Sarathi-Serve's idea, priced by the profiled cost model).
+
+A worker that decodes and prefills in one step makes every stream in that step wait for the
+prompt chunk. With `--itl-slo S`, each step's prompt tokens are capped so that the step's
+predicted time (`Profile.step_seconds`) stays within S:
+
+    chunk(start, n) fits  <=>  step_seconds(decodes + chunks granted so far + chunk) <= S
+
+Sarathi-Serve derives one token budget from the TBT SLO offline; here the cap is priced per step
+from what the step holds (its decodes' count and context, the chunk's position in its prompt:
+attention makes later chunks of a long prompt dearer), so one setting holds for short and long
+contexts alike. A step with no decodes has no stream to protect: only `max_num_batched_tokens`
+bounds it. When the decodes alone fill the SLO, the first chunk still gets MIN_CHUNK_TOKENS:
+otherwise a busy worker would never finish a prompt.
+
+The same arithmetic predicts how a prompt would be chunked on a worker (`prefill_steps`), which is
+what the router's adaptive placement and the planner's simulator read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pdserve.core.config import EngineConfig
+from pdserve.core.step_shape import StepShape
+from pdserve.planner.profile import Profile, load_profile
+
+# Prompt tokens a step may always take (one KV block at the default block size): progress for
+# prompts on a worker whose decodes alone already use the SLO.
+MIN_CHUNK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The cost model a worker steps by: its profile, token budget and ITL SLO (None: off)."""
+
+    profile: Profile
+    max_num_batched_tokens: int
+    itl_slo_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.itl_slo_s is not None and not self.itl_slo_s > 0:
+            raise ValueError(f"--itl-slo: must be > 0 seconds, got {self.itl_slo_s}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens: must be >= 1, got {self.max_num_batched_tokens}"
+            )
+
+    def seconds(self, shape: StepShape) -> float:
+        return self.profile.step_seconds(shape)
+
+    def for_step(self, decodes: StepShape) -> SloPrefillLimit:
+        """The scheduler's per-step limit (core.step_plan.StepBudget)."""
+        return SloPrefillLimit(self, decodes)
+
+    def prefill_steps(
+        self, decodes: StepShape, prompts: tuple[int, ...]
+    ) -> Iterator[tuple[StepShape, int]]:
+        """The steps a worker running `decodes` takes to prefill `prompts` (token counts, in
+        order, one after the other), as (step shape, prompt tokens done in it)."""
+        for length in prompts:
+            start = 0
+            while start < length:
+                limit = self.for_step(decodes)
+                num_new = limit.grant(start, min(length - start, self.max_num_batched_tokens))
+                yield limit.shape, num_new
+                start += num_new
+
+
+class SloPrefillLimit:
+    """One step's prompt-token limit: grants chunks while the step's predicted time stays within
+    the SLO (core.step_plan.PrefillLimit)."""
+
+    def __init__(self, costs: StepCosts, decodes: StepShape) -> None:
+        self.costs = costs
+        self.shape = decodes  # what the step holds so far
+
+    def grant(self, start: int, wanted: int) -> int:
+        num_new = self._fitting(start, wanted)
+        self.shape = self.shape + StepShape.prompt_chunk(start, num_new)
+        return num_new
+
+    def _fitting(self, start: int, wanted: int) -> int:
+        slo = self.costs.itl_slo_s
+        if slo is None or self.shape.decode_seqs == 0:
+            return wanted
+        floor = min(wanted, MIN_CHUNK_TOKENS) if self.shape.prefill_tokens == 0 else 0
+        if not self._fits(start, wanted, slo):
+            low, high = 0, wanted  # fits(low) or low == 0; not fits(high); the cost is monotone
+            while high - low > 1:
+                middle = (low + high) // 2
+                low, high = (middle, high) if self._fits(start, middle, slo) else (low, middle)
+            wanted = low
+        return max(wanted, floor)
+
+    def _fits(self, start: int, num_new: int, slo: float) -> bool:
+        return self.costs.seconds(self.shape + StepShape.prompt_chunk(start, num_new)) <= slo
+
+
+def worker_step_costs(args: argparse.Namespace, config: EngineConfig) -> StepCosts | None:
+    """A worker's step budget from its flags (`--itl-slo`, `--profile`); None when off."""
+    if args.itl_slo is None:
+        return None
+    if args.profile is None:
+        raise ValueError("--itl-slo: needs --profile (the cost model that prices a step)")
+    return StepCosts(load_profile(args.profile), config.max_num_batched_tokens, args.itl_slo)

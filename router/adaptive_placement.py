@@ -1,0 +1,193 @@
+"""Adaptive placement (`--placement adaptive`): where each request is prefilled and where it
+decodes, chosen by predicting what each option costs with the profiled cost model.
+
+For a prompt of n tokens the options are
+
+    local on W    W prefills it inside its batch, then decodes it (Decode.GenerateLocal). W is a
+                  decode worker, a prefill worker already lent streams (role decode), or an
+                  idle prefill worker (lending it: its role turns to decode)
+    remote P->D   prefill worker P prefills it and ships the KV to decode worker D
+
+and each is priced in seconds from the worker's live load (Load: streams running, their context,
+prompt tokens queued) with the same step arithmetic the workers' SLO budgets use
+(planner/step_budget.py: chunks of at most max_num_batched_tokens, capped under --itl-slo):
+
+    ttft   the queued prompts ahead of it, then its own chunks, on the prefilling worker; remote
+           adds the KV's delivery (profile: wire + scatter per block) and D's current step
+    stall  the time its prefill adds to every step of the prefilling worker's running streams,
+           times their number: what the streams already running there lose
+    decode its output (up to max_tokens) on the decoding worker: each step with one stream
+           more, plus what that stream adds to the step of every stream already there
+    cost   ttft + stall + decode (a second lost by the new request or by a running one counts
+           the same)
+
+The cheapest option wins; exact ties go to the first in the order above (a short prompt on an
+idle decode worker stays there: no hand-off). The reason (`PlacementReason`, the members after
+LONG_PROMPT) names what decided. A prefill worker is offered streams only when idle or already
+lent, so a busy prefill tier keeps prefilling; a lent worker returns to prefill-only once its
+streams are done (roles.py). So when the prefill side idles its cores decode; streams spread
+over the workers that decode (the decode term); and a long prompt goes where its prefill stalls
+the fewest streams (the stall term), which once the prefill worker decodes too is often the
+prefill worker itself (remote, with the reason `spares_streams`).
+
+Torch-free, and called alike by the router (router/dispatch.py) and the planner's simulator
+(planner/sim_cluster.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdserve.core.block_pool import blocks_for
+from pdserve.core.step_shape import StepShape
+from pdserve.planner.step_budget import StepCosts
+from pdserve.router.placement import Placement, PlacementReason, PrefillPlace
+
+
+class WorkerRole(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """What the router knows of one worker when it places a request."""
+
+    address: str
+    tier: WorkerRole  # where it is deployed: prefill workers send KV, decode workers receive it
+    role: WorkerRole  # what it does now: a prefill worker lent streams is in the decode role
+    running: int = 0  # streams in its batch
+    context_tokens: int = 0  # their context (prompt + output so far)
+    pending_prompts: int = 0  # prompts accepted and not yet fully prefilled
+    pending_prompt_tokens: int = 0  # their tokens still to compute
+
+    @property
+    def idle(self) -> bool:
+        return self.running == 0 and self.pending_prompts == 0 and self.pending_prompt_tokens == 0
+
+    @property
+    def decodes(self) -> StepShape:
+        return StepShape.decodes(self.running, self.context_tokens)
+
+    def queued_prompts(self) -> tuple[int, ...]:
+        """The queued prompt tokens as that many prompts of equal length (Load reports sums)."""
+        if self.pending_prompt_tokens == 0:
+            return ()
+        count = max(self.pending_prompts, 1)
+        return (self.pending_prompt_tokens // count,) * count
+
+
+@dataclass(frozen=True)
+class Option:
+    place: PrefillPlace
+    decode: WorkerState  # where it decodes (and, local, prefills)
+    prefill: WorkerState | None  # remote: where it prefills
+    ttft_s: float
+    stall_s: float  # summed over the streams running where it is prefilled
+    decode_s: float = 0.0  # its decode steps, plus what it adds to the streams decoding beside it
+
+    @property
+    def cost_s(self) -> float:
+        return self.ttft_s + self.stall_s + self.decode_s
+
+
+@dataclass(frozen=True)
+class AdaptiveChoice:
+    placement: Placement
+    option: Option
+
+    @property
+    def lends(self) -> bool:
+        """Runs on a prefill worker not yet lent: its role turns to decode."""
+        worker = self.option.decode
+        return worker.tier is WorkerRole.PREFILL and worker.role is WorkerRole.PREFILL
+
+
+@dataclass(frozen=True)
+class _Prefill:
+    done_s: float  # until its last chunk's step ends
+    stall_s: float
+    first_step_s: float  # the worker's next step (0: idle)
+
+
+def place_adaptive(
+    prompt_tokens: int, output_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
+) -> AdaptiveChoice:
+    """The cheapest option for a prompt of `prompt_tokens` tokens that asks for up to
+    `output_tokens` (module docstring)."""
+    options = _local_options(prompt_tokens, workers, costs)
+    remote = _remote_options(prompt_tokens, workers, costs)
+    options = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in options]
+    remote = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in remote]
+    if not options and not remote:
+        raise ValueError("workers: none can take the request")
+    best = min([*options, *remote], key=lambda option: option.cost_s)  # first of equals
+    return AdaptiveChoice(Placement(best.place, _reason(best, options, remote)), best)
+
+
+def _local_options(
+    prompt_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
+) -> list[Option]:
+    def order(worker: WorkerState) -> int:  # decode tier, then lent, then idle prefill workers
+        return [worker.tier, worker.role].count(WorkerRole.PREFILL)
+
+    takers = [w for w in workers if w.role is WorkerRole.DECODE or w.idle]
+    options = []
+    for worker in sorted(takers, key=order):
+        prefill = _prefill_on(worker, prompt_tokens, costs)
+        options.append(Option(PrefillPlace.LOCAL, worker, None, prefill.done_s, prefill.stall_s))
+    return options
+
+
+def _remote_options(
+    prompt_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
+) -> list[Option]:
+    decode = [w for w in workers if w.tier is WorkerRole.DECODE]
+    delivery = costs.profile.blocks.delivery_s(blocks_for(prompt_tokens, costs.profile.block_size))
+    options = []
+    for sender in (w for w in workers if w.tier is WorkerRole.PREFILL):
+        prefill = _prefill_on(sender, prompt_tokens, costs)
+        for receiver in decode:
+            admitted = _prefill_on(receiver, 0, costs).first_step_s  # its step in progress
+            ttft = prefill.done_s + delivery + admitted
+            options.append(Option(PrefillPlace.REMOTE, receiver, sender, ttft, prefill.stall_s))
+    return options
+
+
+def _with_decode(
+    option: Option, prompt_tokens: int, output_tokens: int, costs: StepCosts
+) -> Option:
+    """Prices its decode on `option.decode`: `output_tokens` steps with one stream more, each
+    also slowing the streams already there by what one more stream adds to a step."""
+    worker = option.decode
+    before = costs.seconds(worker.decodes) if worker.running else 0.0
+    after = costs.seconds(worker.decodes + StepShape.decodes(1, prompt_tokens))
+    per_token = after + worker.running * (after - before if worker.running else 0.0)
+    return dataclasses.replace(option, decode_s=output_tokens * per_token)
+
+
+def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _Prefill:
+    """The steps `worker` takes for its queued prompts and then this one (0: none), beside its
+    running streams."""
+    alone = costs.seconds(worker.decodes) if worker.running else 0.0
+    prompts = worker.queued_prompts() + ((prompt_tokens,) if prompt_tokens else ())
+    steps = [costs.seconds(shape) for shape, _ in costs.prefill_steps(worker.decodes, prompts)]
+    stall = worker.running * sum(step - alone for step in steps)
+    return _Prefill(sum(steps), stall, steps[0] if steps else alone)
+
+
+def _reason(best: Option, local: list[Option], remote: list[Option]) -> PlacementReason:
+    if not remote:
+        return PlacementReason.NO_PREFILL_WORKER
+    if best.place is PrefillPlace.REMOTE:
+        fastest_local = min((option.ttft_s for option in local), default=float("inf"))
+        spares = fastest_local < best.ttft_s
+        return PlacementReason.SPARES_STREAMS if spares else PlacementReason.REMOTE_FASTER
+    if best.decode.tier is WorkerRole.DECODE:
+        return PlacementReason.LOCAL_CHEAPER
+    if best.decode.role is WorkerRole.PREFILL:
+        return PlacementReason.PREFILL_IDLE
+    return PlacementReason.LENT_PREFILL_WORKER

@@ -1,0 +1,76 @@
+"""SLO-aware step budgets: the limit each step grants, and the scheduler keeping to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.core.config import EngineConfig
+from pdserve.core.request import Request
+from pdserve.core.sampling_params import SamplingParams
+from pdserve.core.scheduler import Scheduler
+from pdserve.core.step_shape import StepShape
+from pdserve.planner.profile import BlockCosts, CostModel, Profile
+from pdserve.planner.step_budget import MIN_CHUNK_TOKENS, StepCosts
+
+# 50 ms a step, 1 ms a prompt token, 5 ms a decoding stream.
+PROFILE = Profile(
+    CostModel((0.05, 0.001, 0.0, 0.005, 0.0)), BlockCosts(1, 0.0, 0.0, 0.0, 1e30), block_size=16
+)
+
+
+def test_a_step_without_decodes_is_bounded_by_the_token_budget_only() -> None:
+    limit = StepCosts(PROFILE, 2048, itl_slo_s=0.1).for_step(StepShape())
+    assert limit.grant(0, 1000) == 1000
+
+
+def test_without_an_slo_the_limit_grants_what_is_wanted() -> None:
+    limit = StepCosts(PROFILE, 2048).for_step(StepShape.decodes(10, 1000))
+    assert limit.grant(0, 1000) == 1000
+
+
+def test_chunks_fill_the_step_up_to_the_slo() -> None:
+    """10 decodes: 0.1 s; a 0.2 s SLO leaves 0.1 s = 100 prompt tokens, shared by the chunks."""
+    limit = StepCosts(PROFILE, 2048, itl_slo_s=0.2).for_step(StepShape.decodes(10, 1000))
+    assert limit.grant(0, 30) == 30
+    assert limit.grant(0, 1000) == 70
+    assert limit.grant(0, 1000) == 0
+
+
+def test_a_full_step_still_makes_progress_on_one_prompt() -> None:
+    limit = StepCosts(PROFILE, 2048, itl_slo_s=0.05).for_step(StepShape.decodes(10, 1000))
+    assert limit.grant(0, 1000) == MIN_CHUNK_TOKENS
+    assert limit.grant(0, 1000) == 0
+
+
+def test_prefill_steps_predict_the_chunking() -> None:
+    costs = StepCosts(PROFILE, 2048, itl_slo_s=0.2)
+    steps = list(costs.prefill_steps(StepShape.decodes(10, 1000), (120,)))
+    assert [tokens for _, tokens in steps] == [100, 20]
+    assert [costs.seconds(shape) for shape, _ in steps] == pytest.approx([0.2, 0.12])
+
+
+def test_an_slo_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="--itl-slo"):
+        StepCosts(PROFILE, 2048, itl_slo_s=0.0)
+
+
+def _request(request_id: str, prompt_tokens: int, order: int) -> Request:
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    return Request(request_id, list(range(prompt_tokens)), params, order, 0.0)
+
+
+def test_the_scheduler_caps_a_prompt_chunk_beside_decodes() -> None:
+    """Two streams decode (0.06 s); under a 0.1 s SLO the waiting prompt gets 40 tokens a step,
+    and the streams keep decoding every step."""
+    scheduler = Scheduler(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=512))
+    scheduler.step_budget = StepCosts(PROFILE, 512, itl_slo_s=0.1)
+    streams = [_request(str(i), 8, i) for i in range(2)]
+    for request in streams:
+        scheduler.add(request)
+    first = scheduler.schedule()  # both prompts in one step (no decodes yet: no cap)
+    for request in streams:
+        scheduler.record_computed(request, first.num_scheduled_tokens[request.request_id])
+        request.output_token_ids.append(1)
+    scheduler.add(_request("long", 200, 2))
+    output = scheduler.schedule()
+    assert output.num_scheduled_tokens == {"0": 1, "1": 1, "long": 40}

@@ -1,0 +1,107 @@
+"""The router following `--placement adaptive` over fake tiers whose loads the tests set: each
+choice reaches the worker it names, a prefill worker is lent streams and taken back, and every
+decision is counted with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from pdserve.client import build_request
+from pdserve.planner.profile import BlockCosts, CostModel, Profile
+from pdserve.planner.step_budget import StepCosts
+from pdserve.router.placement import PlacementMode
+from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
+from pdserve.v1 import common_pb2
+
+# 50 ms a step, 1 ms a prompt token, 5 ms a decoding stream; the KV crosses for free.
+COSTS = StepCosts(
+    Profile(CostModel((0.05, 0.001, 0.0, 0.005, 0.0)), BlockCosts(1, 0, 0, 0, 1e30), 16), 2048
+)
+ADAPTIVE = {"placement_mode": PlacementMode.ADAPTIVE, "costs": COSTS}
+SAMPLING = common_pb2.SamplingParams(max_tokens=3)
+
+
+def _counted(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(f"pdserve_router_{name}_total", labels) or 0.0
+
+
+def _busy(load: common_pb2.LoadResponse, running: int = 0, pending: int = 0) -> None:
+    load.num_running, load.num_context_tokens = running, running * 100
+    load.num_waiting, load.num_pending_prompt_tokens = int(pending > 0), pending
+
+
+def test_an_idle_pair_prefills_on_the_decode_worker(router_stack: Any) -> None:
+    async def body() -> None:
+        async with router_stack(**ADAPTIVE) as stack:
+            before = _counted("prefill_placements", place="local", reason="local_cheaper")
+            reply = await stack.client.generate(build_request([1] * 20, sampling=SAMPLING))
+            assert list(reply.token_ids) == [0, 1, 2]  # the fake's local first token is 0
+            assert len(stack.tiers.decode[0].local_requests) == 1
+            assert not stack.tiers.prefill[0].calls and not stack.tiers.lent[0].local_requests
+            after = _counted("prefill_placements", place="local", reason="local_cheaper")
+            assert after == before + 1
+
+    asyncio.run(body())
+
+
+def test_a_long_prompt_beside_busy_streams_goes_to_the_busy_prefill_tier(
+    router_stack: Any,
+) -> None:
+    """Decode runs 20 streams; the prefill worker is prefilling a short prompt (so it is not
+    lent). Prefilling 400 tokens locally would stall the 20 streams: remote."""
+
+    async def body() -> None:
+        async with router_stack(**ADAPTIVE) as stack:
+            _busy(stack.tiers.decode[0].knobs.load, running=20)
+            _busy(stack.tiers.prefill[0].knobs.load, pending=10)
+            await stack.registry.poll()
+            before = _counted("prefill_placements", place="remote", reason="spares_streams")
+            reply = await stack.client.generate(build_request([1] * 400, sampling=SAMPLING))
+            assert list(reply.token_ids) == [FIRST_TOKEN_ID, 1, 2]
+            assert [len(call.prompt_token_ids) for call in stack.tiers.prefill[0].calls] == [400]
+            after = _counted("prefill_placements", place="remote", reason="spares_streams")
+            assert after == before + 1
+
+    asyncio.run(body())
+
+
+def test_an_idle_prefill_worker_is_lent_streams_and_taken_back(router_stack: Any) -> None:
+    async def body() -> None:
+        async with router_stack(**ADAPTIVE) as stack:
+            decode, lent = stack.tiers.decode[0], stack.tiers.lent[0]
+            address = stack.tiers.prefill_addresses[0]
+            _busy(decode.knobs.load, running=20)
+            await stack.registry.poll()
+            lent_before = _counted("role_changes", role="decode")
+            back_before = _counted("role_changes", role="prefill")
+
+            reply = await stack.client.generate(build_request([1] * 20, sampling=SAMPLING))
+            assert list(reply.token_ids) == [0, 1, 2]
+            assert len(lent.local_requests) == 1 and not decode.local_requests
+            assert stack.registry.decode.borrowed == {address}
+            assert _counted("role_changes", role="decode") == lent_before + 1
+            reason = {"place": "local", "reason": "prefill_idle"}
+            assert _counted("prefill_placements", **reason) >= 1
+
+            await stack.registry.poll()  # the lent worker reports no stream left
+            await stack.client.generate(build_request([1] * 20, sampling=SAMPLING))
+            assert _counted("role_changes", role="prefill") == back_before + 1
+            assert len(lent.local_requests) == 2  # idle again: lent again
+
+    asyncio.run(body())
+
+
+def test_reserve_never_goes_to_a_lent_worker(router_stack: Any) -> None:
+    """A lent prefill worker cannot receive KV: a retried Reserve picks the decode tier only."""
+
+    async def body() -> None:
+        async with router_stack(**ADAPTIVE) as stack:
+            stack.dispatcher.roles.decode_worker(stack.tiers.prefill_addresses[0])
+            pool = stack.registry.decode
+            for _ in range(4):
+                assert pool.pick(own=True).address == stack.tiers.decode_addresses[0]
+
+    asyncio.run(body())

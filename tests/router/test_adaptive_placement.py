@@ -1,0 +1,112 @@
+"""The adaptive placement's decision on synthetic loads, priced by a cost model simple enough to
+check by hand: a step costs 50 ms, plus 1 ms per prompt token, plus 5 ms per decoding stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.planner.profile import BlockCosts, CostModel, Profile
+from pdserve.planner.step_budget import StepCosts
+from pdserve.router.adaptive_placement import WorkerRole, WorkerState, place_adaptive
+from pdserve.router.placement import PlacementReason, PrefillPlace
+
+FIXED, PER_TOKEN, PER_STREAM = 0.05, 0.001, 0.005
+PREFILL, DECODE = WorkerRole.PREFILL, WorkerRole.DECODE
+
+
+def costs(delivery_per_block: float = 0.01, itl_slo: float | None = None) -> StepCosts:
+    model = CostModel((FIXED, PER_TOKEN, 0.0, PER_STREAM, 0.0))
+    blocks = BlockCosts(1, 0.0, 0.0, delivery_per_block, wire_bytes_per_s=1e30)
+    return StepCosts(Profile(model, blocks, block_size=16), 2048, itl_slo)
+
+
+def decode(running: int = 0, pending: int = 0, name: str = "d") -> WorkerState:
+    prompts = 1 if pending else 0
+    return WorkerState(name, DECODE, DECODE, running, running * 100, prompts, pending)
+
+
+def prefill(running: int = 0, pending: int = 0, role: WorkerRole = PREFILL) -> WorkerState:
+    prompts = 1 if pending else 0
+    return WorkerState("p", PREFILL, role, running, running * 100, prompts, pending)
+
+
+def test_without_a_prefill_worker_every_prompt_is_local() -> None:
+    choice = place_adaptive(3000, 1, [decode(running=30)], costs())
+    assert choice.placement.place is PrefillPlace.LOCAL
+    assert choice.placement.reason is PlacementReason.NO_PREFILL_WORKER
+
+
+def test_on_an_idle_pair_a_prompt_stays_where_it_decodes() -> None:
+    """Same prefill time either way; remote adds the KV's delivery (7 blocks x 10 ms)."""
+    choice = place_adaptive(100, 1, [decode(), prefill()], costs())
+    assert (choice.option.place, choice.option.decode.address) == (PrefillPlace.LOCAL, "d")
+    assert choice.placement.reason is PlacementReason.LOCAL_CHEAPER
+    assert choice.option.ttft_s == pytest.approx(FIXED + 100 * PER_TOKEN)
+    assert not choice.lends
+
+
+def test_a_long_prompt_spares_the_streams_running_on_decode() -> None:
+    """Local: 0.55 s to the first token (its step carries 20 decodes) but each of the 20 streams
+    waits 0.45 s more that step. Remote, behind a 10-token prompt already there (so not lent):
+    0.06 + 0.45 s of prefill, 0.07 s of delivery, then decode's step (0.15 s): later for this
+    request, far cheaper for the others."""
+    workers = [decode(running=20), prefill(pending=10)]
+    choice = place_adaptive(400, 1, workers, costs(delivery_per_block=0.0028))
+    assert choice.option.place is PrefillPlace.REMOTE
+    assert choice.placement.reason is PlacementReason.SPARES_STREAMS
+    assert choice.option.stall_s == 0.0
+
+
+def test_a_prefill_tier_with_a_backlog_sends_a_chat_prompt_to_decode() -> None:
+    """Remote would wait 3 s behind the queued prompt; local stalls two streams for 0.1 s."""
+    choice = place_adaptive(100, 1, [decode(running=2), prefill(pending=3000)], costs())
+    assert choice.option.place is PrefillPlace.LOCAL
+    assert choice.option.decode.address == "d"
+    assert choice.placement.reason is PlacementReason.LOCAL_CHEAPER
+
+
+def test_decode_busy_prefilling_sends_the_prompt_to_the_prefill_tier() -> None:
+    choice = place_adaptive(100, 1, [decode(pending=3000), prefill(pending=200)], costs())
+    assert choice.option.place is PrefillPlace.REMOTE
+    assert choice.placement.reason is PlacementReason.REMOTE_FASTER
+
+
+def test_an_idle_prefill_worker_is_lent_to_decode_when_decode_is_busy() -> None:
+    choice = place_adaptive(100, 1, [decode(running=20), prefill()], costs())
+    assert choice.option.place is PrefillPlace.LOCAL
+    assert choice.option.decode.address == "p"
+    assert choice.placement.reason is PlacementReason.PREFILL_IDLE
+    assert choice.lends
+
+
+def test_a_busy_prefill_worker_is_not_lent() -> None:
+    """Prefilling for decode (its role), it takes no stream of its own."""
+    choice = place_adaptive(100, 1, [decode(running=20), prefill(running=1, pending=10)], costs())
+    assert choice.option.decode.address == "d"
+
+
+def test_a_lent_prefill_worker_keeps_taking_streams() -> None:
+    workers = [decode(running=20), prefill(running=2, role=DECODE)]
+    choice = place_adaptive(100, 1, workers, costs())
+    assert (choice.option.place, choice.option.decode.address) == (PrefillPlace.LOCAL, "p")
+    assert choice.placement.reason is PlacementReason.LENT_PREFILL_WORKER
+    assert not choice.lends
+
+
+def test_the_least_loaded_decode_worker_takes_a_local_prompt() -> None:
+    workers = [decode(running=8, name="d0"), decode(running=1, name="d1")]
+    choice = place_adaptive(100, 1, workers, costs())
+    assert choice.option.decode.address == "d1"
+
+
+def test_an_itl_slo_predicts_the_chunks_a_worker_will_take() -> None:
+    """Under a 0.2 s SLO a step with 20 decodes (0.15 s) takes 50 prompt tokens: 400 tokens take
+    8 steps of 0.2 s locally, and each stream waits 8 x 50 ms more."""
+    choice = place_adaptive(400, 1, [decode(running=20)], costs(itl_slo=0.2))
+    assert choice.option.ttft_s == pytest.approx(8 * 0.2)
+    assert choice.option.stall_s == pytest.approx(20 * 8 * 0.05)
+
+
+def test_no_worker_that_can_take_the_request_is_an_error() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        place_adaptive(10, 1, [], costs())
