@@ -155,8 +155,8 @@ class Dispatcher:
         costs = self.config.costs
         assert costs is not None  # RouterConfig refuses --placement adaptive without a profile
         self.roles.take_back_idle()
-        prompt_tokens = len(request.prompt_token_ids)
-        output_tokens = request.sampling.max_tokens
+        prompt_tokens = request.context_length  # a migration recomputes its resumed output too
+        output_tokens = request.sampling.max_tokens - len(request.resumed_output_token_ids)
         states = self.roles.worker_states(avoid)
         choice = place_adaptive(prompt_tokens, output_tokens, states, costs)
         placement, option = choice.placement, choice.option
