@@ -185,10 +185,14 @@ class LLMEngine:
                 del self.requests[fork.request_id], self._detokenizers[fork.request_id]
 
     def add_local(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        resumed_output: Sequence[int] = (),
     ) -> None:
         """A request run here end to end (Decode.GenerateLocal): prefilled, then decoded."""
-        self.add_request(prompt_token_ids, params, request_id)
+        self.add_request(prompt_token_ids, params, request_id, resumed_output)
 
     def release(self, request_id: str) -> bool:
         """Aborts the request; whether it was known here."""
