@@ -131,7 +131,7 @@ def _http(cluster: Cluster, prompt: list[int], sampling: SamplingParams, stream:
             prompt=prompt,
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
-            top_p=sampling.top_p,
+            top_p=sampling.top_p or 1.0,  # unset in the proto means no filter
             seed=sampling.seed if sampling.HasField("seed") else None,
             stop=list(sampling.stop),
             stream=True,
