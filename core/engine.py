@@ -54,11 +54,6 @@ class EngineStats:
     num_accepted_tokens: int  # of which the target agreed with
 
     @property
-    def acceptance_rate(self) -> float:
-        """Share of verified drafts the target agreed with."""
-        return self.num_accepted_tokens / max(self.num_drafted_tokens, 1)
-
-    @property
     def prefix_cache_hit_rate(self) -> float:
         """Share of admitted prompt tokens whose KV came from the prefix cache."""
         return self.num_prefix_hit_tokens / max(self.num_prefix_query_tokens, 1)

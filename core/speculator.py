@@ -60,6 +60,11 @@ class Speculator:
         # Weak keys: a request's state goes when the engine forgets it, whichever way it ends.
         self._backoffs: weakref.WeakKeyDictionary[Request, Backoff] = weakref.WeakKeyDictionary()
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of verified drafts the target agreed with (0 before any)."""
+        return self.num_accepted_tokens / max(self.num_drafted_tokens, 1)
+
     def propose(self, requests: Sequence[Request]) -> None:
         """Sets `draft_token_ids` of every request given: drafts for those that may, else []."""
         drafting: list[Request] = []
