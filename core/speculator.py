@@ -1,8 +1,8 @@
 """Which requests draft each step, how many tokens, and the back-off of those whose drafts keep
 failing; the worker's drafted and accepted counters.
 
-A request drafts when its next step is a one-token decode (caught up, no forks pending) and it
-has room left under `max_tokens` for the drafts plus the target's own next token. Drafting is
+A request drafts when its next step is a one-token decode (output begun, caught up, no forks
+pending) and it has room left under `max_tokens` for the drafts plus the target's own next token. Drafting is
 never free: every draft is a query token in the forward and its KV slot, even when rejected. So
 each request keeps a moving acceptance rate and sits out a pause of steps when it falls below
 BACKOFF_THRESHOLD; each pause in a row is twice as long as the last (up to MAX_PAUSE_STEPS),
@@ -83,9 +83,12 @@ class Speculator:
 
     def _draft_limit(self, request: Request) -> int:
         """How many tokens it may draft this step: 0 unless its next step is a decode."""
+        # Output already begun: a prompt chunked up to its last token is not decoding yet (and a
+        # prefill worker's requests, which end at their first token, never draft).
         decodes_next = (
             request.status is RequestStatus.RUNNING
             and not request.forks
+            and bool(request.output_token_ids)
             and request.num_computed_tokens == request.num_tokens - 1
         )
         if not decodes_next:

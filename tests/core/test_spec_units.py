@@ -159,7 +159,10 @@ def test_speculator_drafts_only_for_decodes_within_max_tokens() -> None:
     speculator.propose([request])
     assert request.draft_token_ids == []  # waiting, nothing computed
     scheduler.schedule()
-    scheduler.record_computed(request, 3)
+    scheduler.record_computed(request, 2)
+    speculator.propose([request])
+    assert request.draft_token_ids == []  # its last prompt token to go: no output to extend
+    scheduler.record_computed(request, 1)
     request.output_token_ids.append(0)  # caught up: its next step is a decode
     speculator.propose([request])
     assert len(request.draft_token_ids) == 1  # max_tokens 3: one draft + the target's token
