@@ -34,6 +34,10 @@ def test_greedy_with_drafts_equals_transformers(
     hf_greedy: list[list[int]],
     max_new_tokens: int,
 ) -> None:
+    if scenario in ("swap", "recompute"):
+        # Drafts finish requests in fewer steps: the eight prompts alone no longer fill the
+        # small pool, three copies of the four longest do.
+        prompts, hf_greedy = prompts[4:] * 3, hf_greedy[4:] * 3
     llm = LLM(model_dir, **{**vars(SCENARIOS[scenario]), **SPEC})
     outputs = llm.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0))
 
