@@ -3,11 +3,11 @@ failing; the worker's drafted and accepted counters.
 
 A request drafts when its next step is a one-token decode (output begun, caught up, no forks
 pending) and it has room left under `max_tokens` for the drafts plus the target's own next
-token. Drafting is never free: every draft is a query token in the forward and its KV slot, even
-when rejected. So each request keeps a moving acceptance rate and sits out a pause of steps when it falls below
-BACKOFF_THRESHOLD; each pause in a row is twice as long as the last (up to MAX_PAUSE_STEPS),
-and a good step resets it. A request whose drafts are mostly rejected thus verifies drafts in at
-most one step of MAX_PAUSE_STEPS + 1 once it has settled.
+token. Drafting is never free: every draft is a query token in the forward and its KV slot,
+even when rejected. So each request keeps a moving acceptance rate and sits out a pause of
+steps when it falls below BACKOFF_THRESHOLD; each pause in a row is twice as long as the last
+(up to MAX_PAUSE_STEPS), and a good step resets it. A request whose drafts are mostly rejected
+thus verifies drafts in at most one step of MAX_PAUSE_STEPS + 1 once it has settled.
 """
 
 from __future__ import annotations
