@@ -26,6 +26,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pdserve.bench.disagg.ttft",
         "KV transfer's exposed share of TTFT, whole-prompt vs layer-wise push",
     ),
+    "spec": (
+        "pdserve.bench.offline.spec",
+        "speculative decoding (n-gram drafts) vs none: tokens/s, batch-1 ms/token, acceptance",
+    ),
+    "make-spec-workload": (
+        "pdserve.bench.offline.spec_workload",
+        "write the shipped repetition-rich workload of `bench spec` (chat prompts)",
+    ),
     "peers": ("pdserve.bench.peers.cli", "pdserve side by side with llama.cpp"),
     "router": ("pdserve.bench.router.cli", "the router's overhead and relay over fake tiers"),
     "router-footprint": (

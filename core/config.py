@@ -16,6 +16,9 @@ INT8 = "int8"
 KV_CACHE_DTYPES = ("auto", INT8)
 # Weight-only quantizations (model/precision.py).
 QUANTIZATIONS = ("none", INT8)
+# Speculative decoding: "off", or how drafts are proposed (core/proposer.py; docs/speculative.md).
+NGRAM = "ngram"
+SPECULATIVE_METHODS = ("off", NGRAM)
 
 
 class SchedulingPolicy(enum.Enum):
@@ -38,6 +41,12 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # or "int8": the KV cache's element type (docs/kv_sharing.md)
     enable_prefix_caching: bool = True  # reuse computed full blocks across requests
     sjf_aging_tokens: int = 16  # `sjf`: each later arrival counts as this many more tokens of work
+    speculative: str = "off"  # or "ngram": draft from the request's own context, verify in one step
+    num_speculative_tokens: int = 4  # most drafted tokens verified per request and step
+
+    @property
+    def speculates(self) -> bool:
+        return self.speculative != "off"
 
     @property
     def kv_dtype(self) -> str:
@@ -46,7 +55,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         positive = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens")
-        for name in (*positive, "sjf_aging_tokens"):
+        for name in (*positive, "sjf_aging_tokens", "num_speculative_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not isinstance(self.enable_prefix_caching, bool):
@@ -66,6 +75,11 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
+            )
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative: must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                f"got {self.speculative!r}"
             )
         if not isinstance(self.policy, SchedulingPolicy):
             object.__setattr__(self, "policy", SchedulingPolicy(self.policy))

@@ -23,6 +23,7 @@ from pdserve.core.model.config import ModelConfig, load_model_config
 from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
 from pdserve.core.outputs import FinishReason, TokenDelta
+from pdserve.core.proposer import make_proposer
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampler import seeded_generator
 from pdserve.core.sampling_params import (
@@ -33,6 +34,7 @@ from pdserve.core.sampling_params import (
     sample_ids,
 )
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.speculator import Speculator
 from pdserve.core.tokenizer import load_tokenizer
 
 
@@ -50,6 +52,8 @@ class EngineStats:
     num_cache_evictions: int
     num_prefix_query_tokens: int
     num_prefix_hit_tokens: int
+    num_drafted_tokens: int  # speculative drafts verified since start
+    num_accepted_tokens: int  # of which the target agreed with
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -86,6 +90,10 @@ class LLMEngine:
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
         self.scheduler = scheduler_class(config)
+        proposer = make_proposer(config)
+        self.speculator = (
+            Speculator(proposer, config.num_speculative_tokens) if proposer is not None else None
+        )
         self.scheduler.kv_manager.cache_root = cache_root(f"{self.model_config!r}|{self.layout!r}")
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
@@ -251,6 +259,8 @@ class LLMEngine:
     # -- one step -------------------------------------------------------------------------
 
     def step(self) -> list[TokenDelta]:
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         output = self.scheduler.schedule()
         now = time.monotonic()
         for request_id in output.num_scheduled_tokens:
@@ -258,9 +268,16 @@ class LLMEngine:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         sampled = self.runner.execute(output, self.requests, self._after_layer(output))
+        drafts = output.draft_token_ids
         for request_id, num_new in output.num_scheduled_tokens.items():
-            self.scheduler.record_computed(self.requests[request_id], num_new)
-        return [self._append(self.requests[rid], token) for rid, token in sampled.items()]
+            if request_id not in drafts:  # those with drafts advance by what was verified
+                self.scheduler.record_computed(self.requests[request_id], num_new)
+        return [
+            self._append_verified(self.requests[rid], drafts[rid], tokens)
+            if rid in drafts
+            else self._append(self.requests[rid], tokens[0])
+            for rid, tokens in sampled.items()
+        ]
 
     def _after_layer(self, output: SchedulerOutput) -> Callable[[int], None] | None:
         """What the forward pass calls after each layer wrote its K/V (none here; the prefill
@@ -269,19 +286,55 @@ class LLMEngine:
 
     def _append(self, request: Request, token: int) -> TokenDelta:
         request.output_token_ids.append(token)
+        status, text = self._check_stop(request, token)
+        return self._deliver(request, (token,), text, status)
+
+    def _append_verified(
+        self, request: Request, drafts: tuple[int, ...], tokens: list[int]
+    ) -> TokenDelta:
+        """A step verified `drafts`: `tokens` are the drafts kept and the target's next token.
+        They join the output one at a time until one ends the request; any after it are
+        dropped, as a step without drafts would never have made them."""
+        assert self.speculator is not None  # only a speculating engine schedules drafts
+        self.speculator.record(request, len(drafts), len(tokens) - 1)
+        emitted: list[int] = []
+        text = ""
+        status: RequestStatus | None = None
+        for token in tokens:
+            request.output_token_ids.append(token)
+            emitted.append(token)
+            status, piece = self._check_stop(request, token)
+            text += piece
+            if status is not None:
+                break
+        # Every emitted token but the last is a kept draft: with the token before them, one
+        # KV slot per emitted token holds what the target confirmed.
+        self.scheduler.record_verified(request, len(emitted))
+        return self._deliver(request, tuple(emitted), text, status)
+
+    def _check_stop(self, request: Request, token: int) -> tuple[RequestStatus | None, str]:
+        """`token` was just appended: the status it ends the request with (None: goes on) and
+        its text."""
         status = self._stop_status(request, token)
         detokenizer = self._detokenizers[request.request_id]
         text = detokenizer.add([token], final=status is not None)
         if detokenizer.stopped:
             status = RequestStatus.FINISHED_STOPPED
+        return status, text
+
+    def _deliver(
+        self,
+        request: Request,
+        tokens: tuple[int, ...],
+        text: str,
+        status: RequestStatus | None,
+    ) -> TokenDelta:
+        """The delta of a step's new tokens; a request they ended is finished and forgotten."""
         if status is not None:
             self.scheduler.finish(request, status)
             del self.requests[request.request_id], self._detokenizers[request.request_id]
         return TokenDelta(
-            request.request_id,
-            (token,),
-            text,
-            FinishReason.of(status) if status else None,
+            request.request_id, tokens, text, FinishReason.of(status) if status else None
         )
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
@@ -309,4 +362,6 @@ class LLMEngine:
             num_cache_evictions=kv_manager.block_pool.num_evictions,
             num_prefix_query_tokens=kv_manager.num_prefix_query_tokens,
             num_prefix_hit_tokens=kv_manager.num_prefix_hit_tokens,
+            num_drafted_tokens=self.speculator.num_drafted_tokens if self.speculator else 0,
+            num_accepted_tokens=self.speculator.num_accepted_tokens if self.speculator else 0,
         )

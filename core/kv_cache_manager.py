@@ -8,6 +8,7 @@ into the pools to change them; the pools are public only to be read (gauges, loa
 
 A request's blocks are `request.block_ids` (device) and `request.swap_block_ids` (CPU), one
 reference each; a block two requests hold (a cached prefix, a fork's shared prompt) has two.
+After a speculative step, `roll_back` returns the blocks only rejected drafts used.
 The prefix-cache counters live here too, so that every path that takes a cached prefix counts
 its hits the same way: `num_prefix_query_tokens` are the tokens of requests that looked, and
 `num_prefix_hit_tokens` those they found cached.
@@ -132,6 +133,18 @@ class KVCacheManager:
         """`fork` takes a reference on each of `leader`'s blocks (n > 1: one prompt's samples)."""
         self.block_pool.share(leader.block_ids)
         fork.block_ids = list(leader.block_ids)
+
+    def roll_back(self, request: Request) -> None:
+        """Frees the blocks past those its computed tokens use: rejected drafts wrote there.
+
+        Rejected slots in the last block it keeps need nothing: the next step writes those
+        positions before any query reads them. None of them was ever registered in the prefix
+        cache (`cache_filled` registers full blocks of computed, hence verified, tokens only)."""
+        keep = blocks_for(request.num_computed_tokens, self.block_size)
+        tail = request.block_ids[keep:]
+        if tail:
+            self.block_pool.free(tail[::-1])
+            del request.block_ids[keep:]
 
     # -- freeing -----------------------------------------------------------------------------
 

@@ -3,10 +3,15 @@
 The runner owns the device KV cache and the CPU swap space; the scheduler owns which blocks are
 whose. Copies run in the order the scheduler relies on: swap-out, copy-on-write, swap-in, then
 the forward.
+
+A request with drafts runs its last token and the drafts as one chunk of several query tokens
+(the prefill kernel's shape), takes logits at each of them and keeps what `verify_drafts`
+accepts: one forward verifies every request's drafts.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +23,7 @@ from pdserve.core.model.forward import CausalLM
 from pdserve.core.request import Request
 from pdserve.core.sampler import sample
 from pdserve.core.scheduler import SchedulerOutput
+from pdserve.core.spec_verify import verify_drafts
 from pdserve.kernels import copy_blocks
 
 _BLOCK_DIM = 2  # the block axis of KVCache.tensor
@@ -25,16 +31,29 @@ _BLOCK_DIM = 2  # the block axis of KVCache.tensor
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """One request's share of a step: `num_new` tokens starting at `start`."""
+    """One request's share of a step: `num_new` tokens starting at `start`, the last of them
+    its `drafts` (speculative tokens after its context, to verify)."""
 
     request: Request
     start: int
     num_new: int
+    drafts: tuple[int, ...] = ()
 
     @property
     def completes(self) -> bool:
         """Whether the request catches up this step, so its next token is sampled."""
-        return self.start + self.num_new == self.request.num_tokens
+        return self.start + self.num_new == self.request.num_tokens + len(self.drafts)
+
+    @property
+    def num_logits(self) -> int:
+        """Positions whose logits it needs: its last token's and each draft's."""
+        return 1 + len(self.drafts) if self.completes else 0
+
+    def token_id(self, position: int) -> int:
+        num_tokens = self.request.num_tokens
+        if position < num_tokens:
+            return self.request.token_id(position)
+        return self.drafts[position - num_tokens]
 
 
 class ModelRunner:
@@ -50,23 +69,16 @@ class ModelRunner:
         output: SchedulerOutput,
         requests: dict[str, Request],
         after_layer: Callable[[int], None] | None = None,
-    ) -> dict[str, int]:
-        """Runs the step; returns the sampled token of every request that caught up.
+    ) -> dict[str, list[int]]:
+        """Runs the step; returns the new tokens of every request that caught up: its sampled
+        token, or with drafts the drafts kept and the target's next token.
         `after_layer` goes to the forward pass (called once each layer's K/V is written)."""
         self._copy_blocks(output)
         chunks = _ordered_chunks(output, requests)
         if not chunks:
             return {}
         logits = self.model.forward(self._build_batch(chunks), self.kv_cache, after_layer)
-        sampling = [chunk for chunk in chunks if chunk.completes]
-        tokens = sample(
-            logits,
-            [chunk.request.params for chunk in sampling],
-            [chunk.request.generator for chunk in sampling],
-        )
-        return {
-            chunk.request.request_id: token for chunk, token in zip(sampling, tokens, strict=True)
-        }
+        return _sample(logits, [chunk for chunk in chunks if chunk.completes])
 
     def _copy_blocks(self, output: SchedulerOutput) -> None:
         """Swap-out, copy-on-write, swap-in: the order core/scheduler.py relies on."""
@@ -89,12 +101,11 @@ class ModelRunner:
         for chunk in chunks:
             request = chunk.request
             for position in range(chunk.start, chunk.start + chunk.num_new):
-                input_ids.append(request.token_id(position))
+                input_ids.append(chunk.token_id(position))
                 positions.append(position)
                 block = request.block_ids[position // self.block_size]
                 slots.append(block * self.block_size + position % self.block_size)
-            if chunk.completes:
-                logits_indices.append(len(input_ids) - 1)
+            logits_indices.extend(range(len(input_ids) - chunk.num_logits, len(input_ids)))
         decode = [chunk for chunk in chunks if chunk.num_new == 1]
         prefill = chunks[len(decode) :]
         return ForwardBatch(
@@ -133,9 +144,40 @@ class ModelRunner:
 
 
 def _ordered_chunks(output: SchedulerOutput, requests: dict[str, Request]) -> list[ScheduledChunk]:
-    """Decode chunks (one token) first, then prefill chunks: the layout ForwardBatch expects."""
+    """Decode chunks (one token) first, then prefill chunks and chunks with drafts: the layout
+    ForwardBatch expects."""
     chunks = [
-        ScheduledChunk(requests[rid], requests[rid].num_computed_tokens, num_new)
+        ScheduledChunk(
+            requests[rid],
+            requests[rid].num_computed_tokens,
+            num_new,
+            output.draft_token_ids.get(rid, ()),
+        )
         for rid, num_new in output.num_scheduled_tokens.items()
     ]
     return sorted(chunks, key=lambda chunk: chunk.num_new != 1)
+
+
+def _sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, list[int]]:
+    """`logits` hold `chunk.num_logits` rows per chunk, in order. Chunks without drafts sample
+    their one row together; each chunk with drafts verifies its rows."""
+    first_rows = list(itertools.accumulate((chunk.num_logits for chunk in chunks), initial=0))
+    plain = [index for index, chunk in enumerate(chunks) if not chunk.drafts]
+    tokens: dict[str, list[int]] = {}
+    if plain:
+        plain_rows = logits if len(plain) == len(chunks) else logits[[first_rows[i] for i in plain]]
+        sampled = sample(
+            plain_rows,
+            [chunks[index].request.params for index in plain],
+            [chunks[index].request.generator for index in plain],
+        )
+        for index, token in zip(plain, sampled, strict=True):
+            tokens[chunks[index].request.request_id] = [token]
+    for index, chunk in enumerate(chunks):
+        if chunk.drafts:
+            rows = logits[first_rows[index] : first_rows[index + 1]]
+            request = chunk.request
+            tokens[request.request_id] = verify_drafts(
+                rows, chunk.drafts, request.params, request.generator
+            )
+    return tokens

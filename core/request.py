@@ -53,6 +53,9 @@ class Request:
     # the last prompt token, then share its blocks (copy-on-write) and go on on their own.
     forks: list[Request] = field(default_factory=list)
     sample_index: int = 0  # which of the n samples; they share arrival_order and rank in order
+    # Speculative decoding: tokens proposed to follow its context, not yet verified. They never
+    # enter `output_token_ids` (nor the prefix cache) unless the target model agrees.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

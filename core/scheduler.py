@@ -15,6 +15,14 @@ prefill chunks and decodes share every step under one token budget. A step:
 After the forward, `record_computed` advances each request and registers the blocks it filled, so
 later requests (and its own recompute after a preemption) can reuse them.
 
+Speculative decoding: a request may carry drafted tokens (`Request.draft_token_ids`, set by the
+engine's speculator before the step). Once everything else is scheduled, each request that
+catches up this step verifies its drafts in the same forward, in what is left of the token
+budget and the free blocks: drafts never preempt anyone nor keep a request out. After the
+forward, `record_verified` advances it only by the tokens whose KV the target confirmed and
+rolls back the rest (`KVCacheManager.roll_back`), so the prefix cache never sees a rejected
+draft.
+
 Blocks are the KV-cache manager's (`core/kv_cache_manager.py`): the scheduler decides who gets
 them and when; the manager gives, shares, copies, swaps and frees them and counts prefix hits.
 
@@ -102,6 +110,7 @@ class Scheduler:
         self._schedule_running(step)
         self._admit_queued(step)
         self.running.sort(key=self._rank)
+        self._schedule_drafts(step)
         return step.output()
 
     def _decodes(self) -> StepShape:
@@ -170,6 +179,20 @@ class Scheduler:
             self._preempt(victim, step)
         return True
 
+    def _schedule_drafts(self, step: StepPlan) -> None:
+        """Best first, each running request that catches up this step verifies its drafts too,
+        as far as the budget and free blocks go (never preempting)."""
+        for request in self.running:
+            drafts, request.draft_token_ids = request.draft_token_ids, []
+            num_new = step.scheduled.get(request.request_id)
+            if not drafts or num_new is None or request.forks:
+                continue
+            if request.num_computed_tokens + num_new != request.num_tokens:
+                continue  # a prefill chunk short of the end samples nothing to verify against
+            drafts = drafts[: step.budget]
+            if drafts and self.kv_manager.grow(request, num_new + len(drafts), step.copies):
+                step.add_drafts(request, drafts)
+
     # -- after the forward -------------------------------------------------------------------
 
     def record_computed(self, request: Request, num_new: int) -> None:
@@ -179,6 +202,13 @@ class Scheduler:
         self.kv_manager.cache_filled(request, num_computed_before)
         if request.forks and request.num_computed_tokens == request.fork_point:
             self._fork(request)
+
+    def record_verified(self, request: Request, num_verified: int) -> None:
+        """A step verified drafts of `request`: of its scheduled tokens, the first `num_verified`
+        hold KV the target confirmed (its last token and the drafts kept). The slots of the
+        rejected drafts are rolled back."""
+        self.record_computed(request, num_verified)
+        self.kv_manager.roll_back(request)
 
     def _fork(self, leader: Request) -> None:
         """The leader's forks take a reference on each of its blocks and join the batch."""

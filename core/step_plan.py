@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pdserve.core.request import Request
@@ -34,6 +34,9 @@ class SchedulerOutput:
     swap_in: tuple[tuple[int, int], ...]  # (swap block, device block) pairs
     preempted_ids: tuple[str, ...]
     copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (device src, device dst) pairs
+    # Speculative decoding: request id -> its drafted tokens, verified this step. They are the
+    # last of its scheduled tokens (counted in `num_scheduled_tokens`).
+    draft_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -51,6 +54,7 @@ class StepPlan:
         self.swap_in: list[tuple[int, int]] = []
         self.copies: list[tuple[int, int]] = []
         self.preempted: list[str] = []
+        self.drafts: dict[str, tuple[int, ...]] = {}
         self.best_preempted: tuple[int, int, int] | None = (
             None  # rank of the best request preempted
         )
@@ -67,6 +71,12 @@ class StepPlan:
         self.scheduled[request.request_id] = num_new
         self.budget -= num_new
 
+    def add_drafts(self, request: Request, drafts: list[int]) -> None:
+        """`request`, scheduled to catch up, also verifies `drafts` after its last token."""
+        self.scheduled[request.request_id] += len(drafts)
+        self.budget -= len(drafts)
+        self.drafts[request.request_id] = tuple(drafts)
+
     def output(self) -> SchedulerOutput:
         return SchedulerOutput(
             num_scheduled_tokens=self.scheduled,
@@ -74,10 +84,12 @@ class StepPlan:
             swap_in=tuple(self.swap_in),
             preempted_ids=tuple(self.preempted),
             copies=tuple(self.copies),
+            draft_token_ids=self.drafts,
         )
 
     def unschedule(self, request: Request) -> None:
         self.budget += self.scheduled.pop(request.request_id, 0)
+        self.drafts.pop(request.request_id, None)
 
     def cancel_copies(self, block_ids: list[int]) -> list[int]:
         """A request preempted after a copy-on-write this step: drops its copies and returns

@@ -33,6 +33,7 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     kv_manager = engine.scheduler.kv_manager
     pool, swap_pool = kv_manager.block_pool, kv_manager.swap_pool
     receiver = engine.receiver
+    speculator = engine.speculator
     Gauge("pdserve_decode_waiting_requests", "Reserved or queued, not yet decoding").set_function(
         lambda: engine.load().num_waiting
     )
@@ -69,6 +70,18 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     Gauge("pdserve_decode_kv_transfer_seconds", "Summed KV transfer time").set_function(
         lambda: getattr(receiver, "seconds", 0.0)
     )
+    Gauge(
+        "pdserve_decode_spec_drafted_tokens",
+        "Speculative draft tokens verified since start (0 with --speculative off)",
+    ).set_function(lambda: speculator.num_drafted_tokens if speculator else 0)
+    Gauge(
+        "pdserve_decode_spec_accepted_tokens",
+        "Speculative draft tokens the target model agreed with, since start",
+    ).set_function(lambda: speculator.num_accepted_tokens if speculator else 0)
+    Gauge(
+        "pdserve_decode_spec_acceptance_rate",
+        "Accepted over drafted speculative tokens since start (0..1)",
+    ).set_function(lambda: speculator.acceptance_rate if speculator else 0.0)
     Gauge(
         "pdserve_decode_kv_rejected_messages",
         "KV messages refused since start for a missing or wrong transfer token",

@@ -73,6 +73,7 @@ class ClusterSpec:
     metrics_base_port: int = 9100
     worker_args: tuple[str, ...] = ()  # engine flags passed to every worker
     prefill_args: tuple[str, ...] = ()  # after worker_args, prefill workers only (tier overrides)
+    decode_args: tuple[str, ...] = ()  # after worker_args, decode workers only (--speculative)
     router_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # extra environment (UCX_* for tests)
     drain_grace_seconds: float = 10.0
@@ -129,7 +130,7 @@ class Cluster:
         for index in range(spec.num_prefill):
             self._spawn("prefill", index, 10 + index, [*spec.worker_args, *spec.prefill_args])
         for index in range(spec.num_decode):
-            self._spawn("decode", index, 20 + index, list(spec.worker_args))
+            self._spawn("decode", index, 20 + index, [*spec.worker_args, *spec.decode_args])
         workers = {
             role: ",".join(p.address for p in self._role(role)) for role in ("prefill", "decode")
         }

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.core.config import SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
 from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy
@@ -60,6 +61,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the router's worker choice: least-loaded, or prefix (prefer recent prompt prefixes)",
         choices=[policy.value for policy in RoutingPolicy],
     )
+    add_flag(
+        parser,
+        "--speculative",
+        str,
+        "off",
+        "the decode workers' speculative decoding: off, or ngram (drafts from each request's "
+        "own context; docs/speculative.md)",
+        choices=list(SPECULATIVE_METHODS),
+    )
+    add_flag(
+        parser,
+        "--num-speculative-tokens",
+        int,
+        EngineConfig().num_speculative_tokens,
+        "most drafted tokens each request verifies per step (with --speculative ngram)",
+    )
     parser.add_argument(
         "worker_args", nargs=argparse.REMAINDER, help="after --: engine flags for every worker"
     )
@@ -84,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
         base_port=args.port,
         metrics_base_port=args.metrics_port,
         worker_args=(*cost_args.worker, *worker_args),
+        decode_args=(
+            "--speculative",
+            args.speculative,
+            "--num-speculative-tokens",
+            str(args.num_speculative_tokens),
+        ),
         router_args=(
             "--disagg-threshold",
             str(args.disagg_threshold),

@@ -16,6 +16,7 @@ from pdserve.core.config import (
     KV_CACHE_DTYPES,
     MODEL_DTYPES,
     QUANTIZATIONS,
+    SPECULATIVE_METHODS,
     EngineConfig,
     SchedulingPolicy,
 )
@@ -74,6 +75,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             add_flag(group, flag, str, default, "weight-only quantization", list(QUANTIZATIONS))
         elif field.name == "device":
             add_flag(group, flag, str, default, "torch device (cpu, cuda, cuda:1)")
+        elif field.name == "speculative":
+            help_text = "speculative decoding: how drafts are proposed (docs/speculative.md)"
+            add_flag(group, flag, str, default, help_text, list(SPECULATIVE_METHODS))
         elif field.name == "enable_prefix_caching":
             _add_no_prefix_cache(group)
         else:

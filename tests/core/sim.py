@@ -12,10 +12,19 @@ means a block was lost, wrongly shared or overwritten.
 `Simulation` drives a scheduler the way LLMEngine does: arrivals and aborts between steps, then
 schedule, run, `record_computed`, one sampled token for each request that caught up, and
 a finish on max_tokens (or on a scripted stop token). The invariants live in the tests.
+
+With a `speculator` the real `Speculator` drafts before each step from `ScriptedProposer`: the
+true next tokens (output token i is i) with one wrong token at a random place, so every number
+of drafts kept happens. The forward writes the drafts' KV too (keyed by the drafted tokens, so
+a rejected draft's KV differs from the true token's), the verification keeps the drafts up to
+the first wrong one plus the true next token, as `LLMEngine._append_verified` does, and
+`record_verified` rolls back the rest. A later read of a rejected draft's KV, by the request or
+by another through the prefix cache, fails its step.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +33,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams, sample_ids
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.speculator import Speculator
 
 SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written
 SHARED_TOKEN = 10**6  # prompts' shared prefixes are made of these, own tokens of order * 1000 + i
@@ -52,18 +62,25 @@ class FakeRunner:
                     f"request {request.request_id} scheduled up to {end} tokens "
                     f"with {len(request.block_ids)} blocks, needs {needed}"
                 )
-            keys = prefix_keys(request)
+            keys = prefix_keys(request, chunk.drafts)
             for position in range(chunk.start, end):
                 self._set(self.device, request.block_ids, position, keys[position])
         for chunk in chunks:
             end = chunk.start + chunk.num_new
-            self.check_holds(self.device, chunk.request, chunk.request.block_ids, end)
+            request = chunk.request
+            self.check_holds(self.device, request, request.block_ids, end, chunk.drafts)
 
     def check_holds(
-        self, memory: list[list[SlotKV]], request: Request, block_ids: list[int], num_positions: int
+        self,
+        memory: list[list[SlotKV]],
+        request: Request,
+        block_ids: list[int],
+        num_positions: int,
+        drafts: Sequence[int] = (),
     ) -> None:
-        """Positions 0 .. num_positions - 1 of `request`, read through `block_ids`, are its own."""
-        keys = prefix_keys(request)
+        """Positions 0 .. num_positions - 1 of `request` (its tokens, then `drafts`), read
+        through `block_ids`, are its own."""
+        keys = prefix_keys(request, drafts)
         for position in range(num_positions):
             block = block_ids[position // self.block_size]
             found = memory[block][position % self.block_size]
@@ -87,10 +104,10 @@ class FakeRunner:
         memory[ids[position // self.block_size]][position % self.block_size] = kv
 
 
-def prefix_keys(request: Request) -> list[int]:
+def prefix_keys(request: Request, drafts: Sequence[int] = ()) -> list[int]:
     """One key per position, equal for two requests exactly when their tokens up to it are."""
     keys, key = [], 0
-    for token in request.all_token_ids:
+    for token in [*request.all_token_ids, *drafts]:
         key = hash((key, token))
         keys.append(key)
     return keys
@@ -134,11 +151,31 @@ class Chunk:
     start: int  # num_computed_tokens before the step
     num_new: int
     num_tokens: int  # prompt + output before the step
+    drafts: tuple[int, ...] = ()  # verified after its last token, the last of its num_new
 
     @property
     def completes(self) -> bool:
         """Whether the request catches up this step, so its next token is sampled."""
-        return self.start + self.num_new == self.num_tokens
+        return self.start + self.num_new == self.num_tokens + len(self.drafts)
+
+
+class ScriptedProposer:
+    """Drafts the true next tokens (output token i is i) with one of them wrong, at a random
+    place or nowhere."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def propose(self, requests: Sequence[Request], max_drafts: Sequence[int]) -> list[list[int]]:
+        drafts = []
+        for request, limit in zip(requests, max_drafts, strict=True):
+            first = len(request.output_token_ids)
+            tokens = list(range(first, first + limit))
+            wrong = self.rng.randrange(limit + 1)
+            if wrong < limit:
+                tokens[wrong] = -1
+            drafts.append(tokens)
+        return drafts
 
 
 @dataclass(frozen=True)
@@ -157,8 +194,10 @@ class Simulation:
         config: EngineConfig,
         arrivals: Sequence[Arrival],
         scheduler_class: type[Scheduler] = Scheduler,
+        speculator: Speculator | None = None,
     ) -> None:
         self.config = config
+        self.speculator = speculator
         self.arrivals = list(arrivals)
         self.scheduler = scheduler_class(config)
         self.runner = FakeRunner(config)
@@ -178,9 +217,17 @@ class Simulation:
     def step(self) -> StepRecord:
         self._arrive_and_abort()
         running_before = tuple(self.scheduler.running)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         output = self.scheduler.schedule()
         chunks = tuple(
-            Chunk(request, request.num_computed_tokens, num_new, request.num_tokens)
+            Chunk(
+                request,
+                request.num_computed_tokens,
+                num_new,
+                request.num_tokens,
+                output.draft_token_ids.get(request.request_id, ()),
+            )
             for request, num_new in (
                 (self.requests[rid], num_new)
                 for rid, num_new in output.num_scheduled_tokens.items()
@@ -189,12 +236,34 @@ class Simulation:
         record = StepRecord(running_before, tuple(self.scheduler.running), output, chunks)
         self.runner.execute(output, chunks)
         for chunk in chunks:
-            self.scheduler.record_computed(chunk.request, chunk.num_new)
+            if not chunk.drafts:
+                self.scheduler.record_computed(chunk.request, chunk.num_new)
         for chunk in chunks:
-            if chunk.completes:
+            if chunk.drafts:
+                self._append_verified(chunk)
+            elif chunk.completes:
                 self._append_sampled(chunk.request)
         self.steps.append(record)
         return record
+
+    def _append_verified(self, chunk: Chunk) -> None:
+        """The drafts up to the first wrong one and the true next token join the output one at
+        a time until one ends the request; KV is kept for one slot per token emitted."""
+        request = chunk.request
+        first = len(request.output_token_ids)
+        kept = 0
+        while kept < len(chunk.drafts) and chunk.drafts[kept] == first + kept:
+            kept += 1
+        assert self.speculator is not None
+        self.speculator.record(request, len(chunk.drafts), kept)
+        status: RequestStatus | None = None
+        for _ in range(kept + 1):
+            status = self._sample_one(request)
+            if status is not None:
+                break
+        self.scheduler.record_verified(request, len(request.output_token_ids) - first)
+        if status is not None:
+            self._finish(request, status)
 
     def arrival_of(self, request: Request) -> Arrival:
         order: int = request.arrival_order
@@ -232,13 +301,20 @@ class Simulation:
             self.scheduler.add(request)
 
     def _append_sampled(self, request: Request) -> None:
+        status = self._sample_one(request)
+        if status is not None:
+            self._finish(request, status)
+
+    def _sample_one(self, request: Request) -> RequestStatus | None:
+        """Appends the true next token; the status it ends the request with, if any."""
         arrival = self.arrival_of(request)
         request.output_token_ids.append(len(request.output_token_ids))
         num_output = len(request.output_token_ids)
         if num_output == arrival.stop_after:
-            self._finish(request, RequestStatus.FINISHED_STOPPED)
-        elif num_output >= arrival.max_tokens:
-            self._finish(request, RequestStatus.FINISHED_LENGTH)
+            return RequestStatus.FINISHED_STOPPED
+        if num_output >= arrival.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.request_id in self.finished:

@@ -114,7 +114,9 @@ def check_plan(sim: Simulation, record: StepRecord, static: bool) -> None:
     admitted = running_after - set(record.running_before)
     for chunk in record.chunks:
         assert chunk.request in running_after, f"{chunk.request.request_id} runs but not running"
-        assert 1 <= chunk.num_new <= chunk.num_tokens - chunk.start
+        assert 1 <= chunk.num_new <= chunk.num_tokens + len(chunk.drafts) - chunk.start
+        if chunk.drafts:
+            assert chunk.completes, "drafts ride only with a request that catches up"
         if static and chunk.request in admitted:
             assert chunk.completes, "a static batch prefills whole prompts"
     total = sum(chunk.num_new for chunk in record.chunks)

@@ -181,6 +181,19 @@ def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
         assert env["UCX_TLS"]["value"] == "tcp"
 
 
+def test_speculative_decoding_is_a_decode_engine_setting(render: Render) -> None:
+    objects = render(
+        {"decode": {"engine": {"speculative": "ngram", "numSpeculativeTokens": 6}}},
+        RELEASE,
+        NAMESPACE,
+    )
+    decode = one(objects, "ConfigMap", f"{name_of('decode')}-engine")["data"]
+    assert decode["PDSERVE_SPECULATIVE"] == "ngram"
+    assert decode["PDSERVE_NUM_SPECULATIVE_TOKENS"] == "6"
+    prefill = one(objects, "ConfigMap", f"{name_of('prefill')}-engine")["data"]
+    assert "PDSERVE_SPECULATIVE" not in prefill
+
+
 def test_overrides_scale_gpus_and_monitoring(render: Render) -> None:
     from_values = {
         "prefill": {"autoscaling": {"enabled": False}, "replicas": 3, "gpu": {"enabled": True}},

@@ -93,6 +93,10 @@ BAD_VALUES = {
     "unknown service type": ("router:\n  service:\n    type: Ingress\n", "/router/service/type"),
     "unknown dtype": ("prefill:\n  engine:\n    dtype: int8\n", "/prefill/engine/dtype"),
     "unknown kv cache dtype": ("engine:\n  kvCacheDtype: int4\n", "/engine/kvCacheDtype"),
+    "unknown speculative method": (
+        "decode:\n  engine:\n    speculative: eagle\n",
+        "/decode/engine/speculative",
+    ),
     "relative model path": ("model:\n  path: models/x\n", "/model/path"),
     "hpa bounds as text": ("decode:\n  autoscaling:\n    maxReplicas: '8'\n", "maxReplicas"),
     "router has no gpu": ("router:\n  gpu:\n    enabled: true\n", "gpu"),

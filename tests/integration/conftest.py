@@ -45,9 +45,10 @@ def start_cluster(
     env: tuple[tuple[str, str], ...] = (),
     tls: ClusterTls | None = None,
     prefill_args: tuple[str, ...] = (),
+    decode_args: tuple[str, ...] = (),
 ) -> Cluster:
     """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable);
-    `prefill_args` follow `worker_args` on the prefill workers only."""
+    `prefill_args` and `decode_args` follow `worker_args` on that tier's workers only."""
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=num_prefill,
@@ -56,6 +57,7 @@ def start_cluster(
         metrics_base_port=free_port_base(),
         worker_args=worker_args,
         prefill_args=prefill_args,
+        decode_args=decode_args,
         router_args=router_args,
         env=UCX_ENV + env,
         drain_grace_seconds=5.0,
