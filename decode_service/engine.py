@@ -113,9 +113,9 @@ class DecodeEngine(LLMEngine):
         params: SamplingParams,
         resumed_output: Sequence[int] = (),
     ) -> None:
-        """A request prefilled here (colocated): it joins the batch as in the offline engine."""
+        """As `LLMEngine.add_local`, refusing an id a reservation here already holds."""
         self._check_new(request_id)
-        self.add_request(prompt_token_ids, params, request_id, resumed_output)
+        super().add_local(request_id, prompt_token_ids, params, resumed_output)
 
     def _check_new(self, request_id: str) -> None:
         if self._knows(request_id):
