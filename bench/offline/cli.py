@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import torch
 
+from pdserve.bench.arg_types import positive_int, positive_ints
 from pdserve.bench.offline import decode as offline_decode
 from pdserve.bench.offline import profile_report as offline_profile_report
 from pdserve.bench.offline import report as offline_report
@@ -44,14 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-batch",
         action="append",
-        type=_ints,
+        type=positive_ints,
         metavar="LIST",
         help="max_num_seqs for ours, batch size for static and hf (default: 16)",
     )
     parser.add_argument("--model", help="model folder (default: the prepared SmolLM2-135M)")
-    parser.add_argument("--repeat", type=_positive, default=1, help="timed passes per engine")
+    parser.add_argument("--repeat", type=positive_int, default=1, help="timed passes per engine")
     parser.add_argument(
-        "--threads", type=_positive, help="torch.set_num_threads (default: torch's)"
+        "--threads", type=positive_int, help="torch.set_num_threads (default: torch's)"
     )
     parser.add_argument("--compare", action="store_true", help="print the engines' ratios")
     parser.add_argument("--json", action="store_true", help="one JSON object per run on stdout")
@@ -68,7 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time the parts of the continuous engine's steps over the workload",
     )
     parser.add_argument(
-        "--decode-steps", type=_positive, default=128, help="decode steps timed by --batch1-decode"
+        "--decode-steps",
+        type=positive_int,
+        default=128,
+        help="decode steps timed by --batch1-decode",
     )
 
 
@@ -141,25 +145,6 @@ def _engines(text: str) -> list[EngineKind]:
     except ValueError as error:
         choices = ", ".join(kind.value for kind in EngineKind)
         raise argparse.ArgumentTypeError(f"--engine: {error}; choose from {choices}") from error
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"--max-batch: {text!r} is not a list of integers"
-        ) from error
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"--max-batch: every value must be >= 1, got {text!r}")
-    return values
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _flatten(lists: list[list[T]] | None) -> list[T]:

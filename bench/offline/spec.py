@@ -32,6 +32,7 @@ from typing import TextIO
 
 import torch
 
+from pdserve.bench.arg_types import positive_int, positive_ints
 from pdserve.bench.offline.engines import BLOCK_SIZE, kv_blocks_needed
 from pdserve.bench.offline.workload import WorkloadRequest, workload_and_model
 from pdserve.core.config import NGRAM, EngineConfig
@@ -77,18 +78,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", help="model folder (default: the prepared SmolLM2-135M)")
     parser.add_argument(
-        "--slots", type=_ints, default=[16], metavar="N,...", help="max_num_seqs (default: 16)"
+        "--slots",
+        type=positive_ints,
+        default=[16],
+        metavar="N,...",
+        help="max_num_seqs (default: 16)",
     )
     parser.add_argument(
         "--batch1", action="store_true", help="also run requests one at a time: ms per token"
     )
     parser.add_argument(
         "--num-speculative-tokens",
-        type=_positive,
+        type=positive_int,
         default=EngineConfig().num_speculative_tokens,
         help="drafts verified per request and step",
     )
-    parser.add_argument("--requests", type=_positive, help="only the first N requests")
+    parser.add_argument("--requests", type=positive_int, help="only the first N requests")
     parser.add_argument("--ignore-eos", action="store_true", help="every request to max_tokens")
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout")
 
@@ -231,20 +236,3 @@ def _line(row: Row) -> str:
         f"{row.mode:>5} slots={row.slots:<3} {row.tokens_per_s:8.1f} tokens/s "
         f"({row.output_tokens} tokens in {row.seconds:.2f} s){batch1}{accepted}"
     )
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected N,N,... got {text!r}") from error
-    if not values or any(value < 1 for value in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value

@@ -14,6 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
+from pdserve.bench.arg_types import positive_ints
 from pdserve.bench.offline import decode as offline_decode
 from pdserve.bench.offline.engines import EngineKind, Precision, load_engine, time_run
 from pdserve.bench.offline.workload import (
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", type=Path, default=WORKLOAD_DIR / "mixed.json")
     parser.add_argument(
         "--slots",
-        type=_slot_list,
+        type=positive_ints,
         required=True,
         metavar="N[,N...]",
         help="pdserve max batch and llama-server parallel slots; a comma list runs each",
@@ -141,13 +142,3 @@ def _batch1(
             theirs_ms,
         ),
     ]
-
-
-def _slot_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"--slots: {text!r} is not a list of integers") from error
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"--slots: every value must be >= 1, got {text!r}")
-    return values
