@@ -33,7 +33,7 @@ from typing import TextIO
 import torch
 
 from pdserve.bench.arg_types import positive_int, positive_ints
-from pdserve.bench.offline.engines import BLOCK_SIZE, kv_blocks_needed
+from pdserve.bench.offline.engines import BLOCK_SIZE, FLOAT32, Precision, kv_blocks_needed
 from pdserve.bench.offline.workload import WorkloadRequest, workload_and_model
 from pdserve.core.config import NGRAM, EngineConfig
 from pdserve.core.llm import LLM
@@ -114,14 +114,18 @@ def run(args: argparse.Namespace) -> int:
         "loadavg_1m_before": round(os.getloadavg()[0], 2),
     }
     for slots in args.slots:
-        llms = {mode: _load(model_dir, workload, slots, mode, args) for mode in MODES}
+        llms = {
+            mode: load_llm(model_dir, workload, slots, mode, args.num_speculative_tokens)
+            for mode in MODES
+        }
         timed = {
-            mode: _time(llm, workload, args.ignore_eos, batch1=False) for mode, llm in llms.items()
+            mode: time_generate(llm, workload, args.ignore_eos, batch1=False)
+            for mode, llm in llms.items()
         }
         _report(slots, timed, conditions, args.json, log)
         if args.batch1:
             timed = {
-                mode: _time(llm, workload, args.ignore_eos, batch1=True)
+                mode: time_generate(llm, workload, args.ignore_eos, batch1=True)
                 for mode, llm in llms.items()
             }
             _report(1, timed, conditions, args.json, log)
@@ -129,12 +133,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(
+def load_llm(
     model_dir: Path,
     workload: list[WorkloadRequest],
     slots: int,
     mode: str,
-    args: argparse.Namespace,
+    num_speculative_tokens: int,
+    precision: Precision = FLOAT32,
 ) -> LLM:
     """Room for the `slots` largest requests at once (drafts included): nothing is preempted."""
     llm = LLM(
@@ -144,14 +149,18 @@ def _load(
         num_kv_blocks=kv_blocks_needed(workload, slots) + slots,
         num_swap_blocks=0,
         speculative=mode,
-        num_speculative_tokens=args.num_speculative_tokens,
+        num_speculative_tokens=num_speculative_tokens,
+        dtype=precision.dtype,
+        quantization=precision.quantization,
     )
     warmup = list(workload[0].prompt[:WARMUP_PROMPT_TOKENS])
     llm.generate([warmup] * 2, SamplingParams(max_tokens=WARMUP_MAX_TOKENS, temperature=0))
     return llm
 
 
-def _time(llm: LLM, workload: list[WorkloadRequest], ignore_eos: bool, batch1: bool) -> Timed:
+def time_generate(
+    llm: LLM, workload: list[WorkloadRequest], ignore_eos: bool, batch1: bool
+) -> Timed:
     params = [
         SamplingParams(max_tokens=r.max_tokens, temperature=0, ignore_eos=ignore_eos)
         for r in workload

@@ -4,6 +4,13 @@ For every `--slots N`: pdserve's continuous engine (max batch N) times the workl
 process, then llama-server (`-t 2 -np N -cb`, context N x 512) serves it over HTTP `/completion`,
 all requests at t=0, greedy, EOS ignored, exactly max_tokens each. `--batch1` adds the batch-1
 decode time per token of both (pdserve: median engine step; llama.cpp: llama-batched-bench).
+
+`--speculative ngram`: both engines draft from each request's own context. pdserve runs with
+`speculative="ngram"` (`--num-speculative-tokens` drafts a step); llama-server runs once per
+`--llama-spec-types` entry (`--spec-type T --spec-draft-n-max K`), and the ratios take its best.
+Batch 1 is then timed the same way for both, since llama-batched-bench does not speculate: the
+first `--batch1-requests` requests one after another, decode time from each one's first token to
+its last over the tokens after the first (pdserve: its stream; llama.cpp: `timings.predicted_ms`).
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ import signal
 import sys
 from pathlib import Path
 
-from pdserve.bench.arg_types import positive_ints
+from pdserve.bench.arg_types import positive_int, positive_ints
 from pdserve.bench.offline import decode as offline_decode
 from pdserve.bench.offline.engines import EngineKind, Precision, load_engine, time_run
+from pdserve.bench.offline.spec import load_llm, time_generate
 from pdserve.bench.offline.workload import (
     WORKLOAD_DIR,
     WorkloadRequest,
@@ -26,11 +34,14 @@ from pdserve.bench.offline.workload import (
 from pdserve.bench.peers import llama as peers_llama
 from pdserve.bench.peers.report import PeerResult, json_line, report
 from pdserve.bench.ports import free_port
+from pdserve.core.config import NGRAM, SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.kv_cache import DTYPES
 from pdserve.core.model.precision import QUANTIZATIONS
 
 DEFAULT_CACHE = Path.home() / ".cache" / "pdserve" / "peers"
 WARMUP_REQUESTS = 4
+WARMUP_PROMPT_TOKENS = 8
+WARMUP_MAX_TOKENS = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +70,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS)
     parser.add_argument("--decode-steps", type=int, default=128, help="tokens timed by --batch1")
+    parser.add_argument(
+        "--speculative",
+        default="off",
+        choices=SPECULATIVE_METHODS,
+        help="both engines speculate with n-gram drafts (llama-server: each --llama-spec-types)",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=positive_int,
+        default=EngineConfig().num_speculative_tokens,
+        help="most drafts a request verifies per step, both engines",
+    )
+    parser.add_argument(
+        "--llama-spec-types",
+        type=_spec_types,
+        default=list(peers_llama.NGRAM_SPEC_TYPES),
+        metavar="T,...",
+        help="llama-server's --spec-type values to run (default: every n-gram type)",
+    )
+    parser.add_argument(
+        "--batch1-requests",
+        type=positive_int,
+        default=8,
+        help="with --speculative: the requests --batch1 runs one at a time",
+    )
+
+
+def _spec_types(text: str) -> list[str]:
+    types = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(types) - set(peers_llama.NGRAM_SPEC_TYPES))
+    if not types or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected some of {','.join(peers_llama.NGRAM_SPEC_TYPES)}, got {text!r}"
+        )
+    return types
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,13 +127,31 @@ def run(args: argparse.Namespace) -> int:
             line = json_line(result, args.workload.name) if args.json else str(result)
             print(line, file=sys.stdout if args.json else sys.stderr, flush=True)
 
-    if args.batch1:
+    speculations = _llama_speculations(args)
+    if args.batch1 and args.speculative == NGRAM:
+        batch1_workload = workload[: args.batch1_requests]
+        done(_batch1_speculative_pdserve(args, model_dir, batch1_workload, weights["pdserve"]))
+        for speculation in speculations:
+            done(
+                _run_llama(peer, gguf, batch1_workload, 1, weights["llama.cpp"], speculation, True)
+            )
+    elif args.batch1:
         done(*_batch1(args, peer, gguf, model_dir, list(workload[0].prompt), weights))
     for slots in args.slots:
         done(_run_pdserve(args, model_dir, workload, slots, weights["pdserve"]))
-        done(_run_llama(peer, gguf, workload, slots, weights["llama.cpp"]))
+        for speculation in speculations:
+            done(_run_llama(peer, gguf, workload, slots, weights["llama.cpp"], speculation))
     print(report(results), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _llama_speculations(args: argparse.Namespace) -> list[peers_llama.LlamaSpeculation | None]:
+    if args.speculative != NGRAM:
+        return [None]
+    return [
+        peers_llama.LlamaSpeculation(spec_type, args.num_speculative_tokens)
+        for spec_type in args.llama_spec_types
+    ]
 
 
 def _run_pdserve(
@@ -98,20 +162,73 @@ def _run_pdserve(
     weights: str,
 ) -> PeerResult:
     precision = Precision(args.dtype, args.quantization)
+    if args.speculative == NGRAM:
+        llm = load_llm(model_dir, workload, slots, NGRAM, args.num_speculative_tokens, precision)
+        load = os.getloadavg()[0]
+        timed = time_generate(llm, workload, ignore_eos=True, batch1=False)
+        tokens = sum(len(output) for output in timed.outputs)
+        acceptance = timed.accepted / max(timed.drafted, 1)
+        return PeerResult(
+            "pdserve", slots, tokens, timed.seconds, load, weights, None, NGRAM, acceptance
+        )
     engine = load_engine(EngineKind.CONTINUOUS, model_dir, workload, slots, precision)
     load = os.getloadavg()[0]
     run = time_run(engine, workload, 0)
     return PeerResult("pdserve", slots, run.output_tokens, run.seconds, load, weights)
 
 
-def _run_llama(
-    peer: peers_llama.Peer, gguf: Path, workload: list[WorkloadRequest], slots: int, weights: str
+def _warmup(workload: list[WorkloadRequest]) -> list[WorkloadRequest]:
+    """Short requests cut from the first prompt, none of them a timed request: speculation
+    types that remember n-grams across requests (ngram-mod, ngram-cache) learn nothing from
+    the warm-up that the timed run will ask for."""
+    prompt = workload[0].prompt[:WARMUP_PROMPT_TOKENS]
+    return [WorkloadRequest(prompt, WARMUP_MAX_TOKENS)] * WARMUP_REQUESTS
+
+
+def _batch1_speculative_pdserve(
+    args: argparse.Namespace, model_dir: Path, workload: list[WorkloadRequest], weights: str
 ) -> PeerResult:
-    with peers_llama.serving(peer, gguf, slots, free_port()) as url:
-        peers_llama.run_workload(url, workload[:WARMUP_REQUESTS])
+    precision = Precision(args.dtype, args.quantization)
+    llm = load_llm(model_dir, workload, 1, NGRAM, args.num_speculative_tokens, precision)
+    load = os.getloadavg()[0]
+    timed = time_generate(llm, workload, ignore_eos=True, batch1=True)
+    assert timed.batch1_seconds is not None
+    ms_per_token = 1e3 * timed.batch1_seconds / max(timed.batch1_tokens, 1)
+    tokens = sum(len(output) for output in timed.outputs)
+    acceptance = timed.accepted / max(timed.drafted, 1)
+    return PeerResult(
+        "pdserve", 1, tokens, timed.seconds, load, weights, ms_per_token, NGRAM, acceptance
+    )
+
+
+def _run_llama(
+    peer: peers_llama.Peer,
+    gguf: Path,
+    workload: list[WorkloadRequest],
+    slots: int,
+    weights: str,
+    speculation: peers_llama.LlamaSpeculation | None,
+    one_at_a_time: bool = False,
+) -> PeerResult:
+    """All requests at once on `slots` slots, or (`one_at_a_time`) each alone: batch 1."""
+    with peers_llama.serving(peer, gguf, slots, free_port(), speculation) as url:
+        peers_llama.run_workload(url, _warmup(workload))
         load = os.getloadavg()[0]
-        wall = peers_llama.run_workload(url, workload)
-    return PeerResult("llama.cpp", slots, total_output_tokens(workload), wall, load, weights)
+        if one_at_a_time:
+            run = peers_llama.run_one_at_a_time(url, workload)
+        else:
+            run = peers_llama.run_workload(url, workload)
+    return PeerResult(
+        "llama.cpp",
+        slots,
+        total_output_tokens(workload),
+        run.seconds,
+        load,
+        weights,
+        run.ms_per_token if one_at_a_time else None,
+        speculation.spec_type if speculation is not None else "off",
+        run.acceptance_rate,
+    )
 
 
 def _batch1(

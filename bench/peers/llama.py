@@ -42,6 +42,9 @@ CONVERTER_PINS = ("torch==2.13.0", "transformers==5.24.0", "numpy==2.4.6", "sent
 THREADS = 2
 SLOT_CONTEXT = 512  # llama-server's context per slot (-c = slots x this)
 SERVER_START_TIMEOUT_S = 300.0
+# llama-server's n-gram speculation types (common/speculative.cpp of the vendored llama.cpp): all
+# draft from the request's own context, as pdserve's `ngram` does; none needs a draft model.
+NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 
 class GgufType(enum.Enum):
@@ -65,6 +68,36 @@ class Peer:
 
     def gguf(self, model_dir: Path, kind: GgufType) -> Path:
         return self.cache / f"{model_dir.name}-{kind.value}.gguf"
+
+
+@dataclass(frozen=True)
+class LlamaSpeculation:
+    """llama-server's `--spec-type` and the most tokens it drafts a step (`--spec-draft-n-max`)."""
+
+    spec_type: str
+    max_drafts: int
+
+    def flags(self) -> list[str]:
+        return ["--spec-type", self.spec_type, "--spec-draft-n-max", str(self.max_drafts)]
+
+
+@dataclass(frozen=True)
+class LlamaRun:
+    """One pass over a workload: wall seconds, and what the replies' `timings` say."""
+
+    seconds: float
+    decode_ms: float  # `predicted_ms` summed: each request's first token to its last
+    decode_tokens: int  # the tokens that time covers (each request's after its first)
+    drafted: int
+    accepted: int
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.decode_ms / max(self.decode_tokens, 1)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
 
 
 def ensure_built(peer: Peer) -> None:
@@ -113,8 +146,15 @@ def _run(command: list[str]) -> None:
 
 
 @contextmanager
-def serving(peer: Peer, gguf: Path, slots: int, port: int) -> Iterator[str]:
-    """llama-server with `slots` parallel slots and continuous batching; yields its base URL."""
+def serving(
+    peer: Peer,
+    gguf: Path,
+    slots: int,
+    port: int,
+    speculation: LlamaSpeculation | None = None,
+) -> Iterator[str]:
+    """llama-server with `slots` parallel slots and continuous batching, speculating with
+    `speculation` if given; yields its base URL."""
     command = [
         str(peer.binary("llama-server")),
         "-m",
@@ -137,6 +177,7 @@ def serving(peer: Peer, gguf: Path, slots: int, port: int) -> Iterator[str]:
         "2048",
         "-ub",
         "512",
+        *(speculation.flags() if speculation is not None else []),
     ]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -163,20 +204,40 @@ def _wait_healthy(url: str, server: subprocess.Popen[bytes]) -> None:
     raise TimeoutError(f"llama-server at {url} not healthy after {SERVER_START_TIMEOUT_S} s")
 
 
-def run_workload(url: str, workload: list[WorkloadRequest]) -> float:
-    """Sends every request at t=0 (one thread each; greedy, EOS ignored, exactly max_tokens);
-    returns the seconds from the first send to the last response."""
+def run_workload(url: str, workload: list[WorkloadRequest]) -> LlamaRun:
+    """Sends every request at t=0 (one thread each; greedy, EOS ignored, exactly max_tokens)."""
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(workload)) as pool:
         replies = list(pool.map(lambda request: _complete(url, request), workload))
-    wall = time.perf_counter() - start
+    return _llama_run(time.perf_counter() - start, workload, replies)
+
+
+def run_one_at_a_time(url: str, workload: list[WorkloadRequest]) -> LlamaRun:
+    """Sends the requests one after another: batch-1 decode, its time per token from `timings`."""
+    start = time.perf_counter()
+    replies = [_complete(url, request) for request in workload]
+    return _llama_run(time.perf_counter() - start, workload, replies)
+
+
+def _llama_run(
+    seconds: float, workload: list[WorkloadRequest], replies: list[dict[str, Any]]
+) -> LlamaRun:
     for request, reply in zip(workload, replies, strict=True):
         if reply["tokens_predicted"] != request.max_tokens:
             raise RuntimeError(f"llama-server stopped early: {reply['tokens_predicted']} tokens")
         if reply["timings"]["prompt_n"] != len(request.prompt):
             raise RuntimeError("llama-server cached or cut a prompt")
     assert sum(reply["tokens_predicted"] for reply in replies) == total_output_tokens(workload)
-    return wall
+    timings = [reply["timings"] for reply in replies]
+    # `predicted_ms` runs from the first generated token to the last (server_slot_stats): it
+    # covers predicted_n - 1 tokens, as pdserve's batch-1 figure does.
+    return LlamaRun(
+        seconds=seconds,
+        decode_ms=sum(float(t["predicted_ms"]) for t in timings),
+        decode_tokens=sum(int(t["predicted_n"]) - 1 for t in timings),
+        drafted=sum(int(t.get("draft_n", 0)) for t in timings),
+        accepted=sum(int(t.get("draft_n_accepted", 0)) for t in timings),
+    )
 
 
 def _complete(url: str, request: WorkloadRequest) -> dict[str, Any]:

@@ -9,7 +9,13 @@ import json
 import pytest
 
 from pdserve.bench.peers import cli as peers_cli
-from pdserve.bench.peers.llama import GgufType, parse_batched_bench
+from pdserve.bench.peers.llama import (
+    NGRAM_SPEC_TYPES,
+    GgufType,
+    LlamaRun,
+    LlamaSpeculation,
+    parse_batched_bench,
+)
 from pdserve.bench.peers.report import PeerResult, json_line, report
 
 
@@ -62,3 +68,46 @@ def test_report_prints_same_run_ratios() -> None:
     assert "batch-1 decode speed, pdserve / llama.cpp: 2.00x" in text
     assert "16 slots, pdserve / llama.cpp tok/s: 2.00x" in text
     assert "best of each, pdserve (64 slots) / llama.cpp (16 slots): 2.50x" in text
+
+
+def test_speculative_arguments() -> None:
+    args = _parse("--slots", "16", "--speculative", "ngram", "--llama-spec-types", "ngram-mod")
+    assert (args.speculative, args.llama_spec_types) == ("ngram", ["ngram-mod"])
+    assert _parse("--slots", "1").llama_spec_types == list(NGRAM_SPEC_TYPES)
+
+
+@pytest.mark.parametrize("types", ["draft", "ngram-mod,eagle", ""])
+def test_unknown_llama_spec_types_are_refused(
+    types: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--slots", "1", "--speculative", "ngram", "--llama-spec-types", types)
+    assert "--llama-spec-types" in capsys.readouterr().err
+
+
+def test_llama_speculation_flags_and_timings() -> None:
+    assert LlamaSpeculation("ngram-mod", 4).flags() == [
+        "--spec-type",
+        "ngram-mod",
+        "--spec-draft-n-max",
+        "4",
+    ]
+    run = LlamaRun(seconds=3.0, decode_ms=254.0, decode_tokens=127, drafted=40, accepted=30)
+    assert run.ms_per_token == pytest.approx(2.0) and run.acceptance_rate == pytest.approx(0.75)
+    assert LlamaRun(1.0, 1.0, 1, 0, 0).acceptance_rate is None
+
+
+def test_report_compares_with_llamas_best_speculation() -> None:
+    results = [
+        PeerResult("pdserve", 1, 256, 2.0, 2.0, "float32", 10.0, "ngram", 0.6),
+        PeerResult("llama.cpp", 1, 256, 3.0, 2.0, "f32", 25.0, "ngram-simple", 0.5),
+        PeerResult("llama.cpp", 1, 256, 3.0, 2.0, "f32", 12.5, "ngram-mod", 0.7),
+        PeerResult("pdserve", 16, 1000, 5.0, 2.0, "float32", None, "ngram", 0.6),
+        PeerResult("llama.cpp", 16, 1000, 4.0, 2.0, "f32", None, "ngram-map-k", 0.5),
+        PeerResult("llama.cpp", 16, 1000, 8.0, 2.0, "f32", None, "ngram-mod", 0.7),
+    ]
+    text = report(results)
+    assert "batch-1 decode speed, pdserve (ngram) / llama.cpp (ngram-mod): 1.25x" in text
+    assert "16 slots, pdserve (ngram) / llama.cpp (ngram-map-k) tok/s: 0.80x" in text
+    row = json.loads(json_line(results[2], "repetition.json"))
+    assert (row["speculative"], row["acceptance_rate"]) == ("ngram-mod", 0.7)
