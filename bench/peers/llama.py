@@ -131,13 +131,23 @@ def ensure_gguf(peer: Peer, model_dir: Path, kind: GgufType) -> Path:
     python = str(venv / "bin" / "python")
     if not venv.exists():
         _run([sys.executable, "-m", "venv", str(venv)])
-        _run([python, "-m", "pip", "install", "--quiet", *CONVERTER_PINS])
-        _run([python, "-m", "pip", "install", "--quiet", "-e", str(peer.source / "gguf-py")])
+        install = _installer(python)
+        _run([*install, *CONVERTER_PINS])
+        _run([*install, "-e", str(peer.source / "gguf-py")])
     converter = str(peer.source / "convert_hf_to_gguf.py")
     partial = target.with_suffix(".partial")
     _run([python, converter, str(model_dir), "--outtype", kind.value, "--outfile", str(partial)])
     partial.rename(target)
     return target
+
+
+def _installer(python: str) -> list[str]:
+    """uv beside this interpreter when there is one (./setup.sh installs it): it links the
+    torch wheel from its cache instead of downloading several GB again; else pip."""
+    uv = Path(sys.executable).with_name("uv")
+    if uv.exists():
+        return [str(uv), "pip", "install", "--quiet", "--python", python]
+    return [python, "-m", "pip", "install", "--quiet"]
 
 
 def _run(command: list[str]) -> None:
