@@ -132,15 +132,13 @@ def run(args: argparse.Namespace) -> int:
         batch1_workload = workload[: args.batch1_requests]
         done(_batch1_speculative_pdserve(args, model_dir, batch1_workload, weights["pdserve"]))
         for speculation in speculations:
-            done(
-                _run_llama(peer, gguf, batch1_workload, 1, weights["llama.cpp"], speculation, True)
-            )
+            done(*_llama_if_it_runs(peer, gguf, batch1_workload, 1, weights, speculation, True))
     elif args.batch1:
         done(*_batch1(args, peer, gguf, model_dir, list(workload[0].prompt), weights))
     for slots in args.slots:
         done(_run_pdserve(args, model_dir, workload, slots, weights["pdserve"]))
         for speculation in speculations:
-            done(_run_llama(peer, gguf, workload, slots, weights["llama.cpp"], speculation))
+            done(*_llama_if_it_runs(peer, gguf, workload, slots, weights, speculation))
     print(report(results), file=sys.stderr if args.json else sys.stdout)
     return 0
 
@@ -199,6 +197,30 @@ def _batch1_speculative_pdserve(
     return PeerResult(
         "pdserve", 1, tokens, timed.seconds, load, weights, ms_per_token, NGRAM, acceptance
     )
+
+
+def _llama_if_it_runs(
+    peer: peers_llama.Peer,
+    gguf: Path,
+    workload: list[WorkloadRequest],
+    slots: int,
+    weights: dict[str, str],
+    speculation: peers_llama.LlamaSpeculation | None,
+    one_at_a_time: bool = False,
+) -> list[PeerResult]:
+    """llama-server's run, or none when a speculation type does not run on this build (said on
+    stderr): one type's failure must not cost the others' results. Plain runs must work."""
+    try:
+        return [
+            _run_llama(
+                peer, gguf, workload, slots, weights["llama.cpp"], speculation, one_at_a_time
+            )
+        ]
+    except (RuntimeError, OSError) as error:  # TimeoutError and URLError are OSErrors
+        if speculation is None:
+            raise
+        print(f"peers: --spec-type {speculation.spec_type} skipped: {error}", file=sys.stderr)
+        return []
 
 
 def _run_llama(
