@@ -80,7 +80,7 @@ class LiveMigration:
             target = pool.pick(avoid=avoid, prompt=request.prompt_token_ids, own=True)
         except NoHealthyWorkerError:
             target = None
-        if not streamed or target is None:
+        if not streamed or target is None or target.address in avoid:  # pick's last resort
             self.aborts.later(source, request_id)
             return None
         pool.acquire(target)
