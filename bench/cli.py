@@ -1,9 +1,9 @@
 """`pdserve bench NAME`: every benchmark's one door.
 
 Each module defines `add_arguments(parser)` and `run(args) -> int`. The families are packages:
-offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving), peers/
-(side by side with llama.cpp), router/ (the router's relay capacity), sjf/ (scheduling policies),
-micro/ (one mechanism each).
+offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving), migration/
+(moving streams between decode workers), peers/ (side by side with llama.cpp), router/ (the
+router's relay capacity), sjf/ (scheduling policies), micro/ (one mechanism each).
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "disagg-ttft": (
         "pdserve.bench.disagg.ttft",
         "KV transfer's exposed share of TTFT, whole-prompt vs layer-wise push",
+    ),
+    "migration": (
+        "pdserve.bench.migration.cli",
+        "moving a stream off a decode worker: live KV migration vs re-prefill; drain time",
     ),
     "spec": (
         "pdserve.bench.offline.spec",

@@ -29,3 +29,13 @@ class DrainingError(RuntimeError):
 
 class TransferTokenError(PermissionError):
     """The caller's transfer token does not match the reservation (PERMISSION_DENIED)."""
+
+
+class KVNotOnDeviceError(RuntimeError):
+    """A suspended request's KV is not all on the device, so it cannot move as it is
+    (FAILED_PRECONDITION: re-prefill it elsewhere)."""
+
+
+class RequestSuspended(Exception):
+    """Ends a suspended request's stream on this worker (not an error: the request goes on on
+    another worker after the tokens already streamed)."""

@@ -15,6 +15,7 @@ class RequestStatus(enum.Enum):
     WAITING_FOR_KV = "waiting_for_kv"  # decode tier: blocks reserved, KV still in flight
     RUNNING = "running"
     SWAPPED = "swapped"
+    SUSPENDED = "suspended"  # decode tier: stopped between steps, its KV kept for a live migration
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "aborted"

@@ -101,6 +101,16 @@ class Scheduler:
         if not self.has_unfinished():
             self.kv_manager.release_swapped_in()  # no next step may come to do it; the copies ran
 
+    def detach(self, request: Request) -> None:
+        """Takes a request out of every queue, keeping its blocks (a live migration sends its KV
+        before they are freed); a request with forks pending has none to detach."""
+        assert not request.forks, "a request with forks pending is not detached"
+        for queue in (self.waiting, self.running, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        if not self.has_unfinished():
+            self.kv_manager.release_swapped_in()  # no next step may come to do it; the copies ran
+
     # -- one step -------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:

@@ -16,23 +16,38 @@ A request's path through decode (traced, as SGLang's disaggregation docs do):
    one-token decode. Preemption, swap and recompute then work as in the offline engine.
 Reservations nobody claims within `reservation_ttl_s` (a router that died) are freed, and so are
 transfers that do not land within `kv_timeout_s`.
+
+Live migration (a draining worker moves its streams, docs/elasticity.md):
+- here, the draining side: `suspend` takes a request out of the batch between two steps, keeping
+  its blocks when its KV is all on the device (caught up: every token but the last computed), and
+  ends its stream (`RequestSuspended`); `migrate` pushes those blocks over UCX into another
+  worker's reservation with this worker's own `KVSender`, then frees them. A suspended request
+  nobody migrates within `reservation_ttl_s` is freed.
+- there, the receiving side: `reserve(..., live_migration=True)` is a reservation for the prompt
+  and the streamed output but its last token, whose KV the next step computes; `start` brings
+  that last token, which joins the output without being sent again, and the request decodes on.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.engine_load import EngineLoad
 from pdserve.core.errors import (
     KVNotArrivedError,
+    KVNotOnDeviceError,
+    NotServedHereError,
     QueueFullError,
+    RequestSuspended,
     TransferTokenError,
     UnknownRequestError,
 )
@@ -45,10 +60,26 @@ from pdserve.core.sampling_params import (
     InvalidRequestError,
     SamplingParams,
 )
-from pdserve.core.transfer.interface import KVReceiverLike, TransferDescriptor, TransferState
+from pdserve.core.transfer.interface import (
+    KVReceiverLike,
+    KVSenderLike,
+    SendResult,
+    TransferDescriptor,
+    TransferState,
+    send_whole,
+)
 
 ReceiverFactory = Callable[[KVCache], KVReceiverLike]
+SenderFactory = Callable[[], KVSenderLike]
 Delivery = tuple[str, TokenDelta | BaseException]
+
+
+class Suspension(enum.Enum):
+    """What `suspend` did with a request."""
+
+    NOT_RUNNING = "not_running"  # unknown here, finished, or with forks pending: left alone
+    KV_READY = "kv_ready"  # out of the batch, its KV held for `migrate`
+    KV_FREED = "kv_freed"  # out of the batch, its KV incomplete on the device and freed
 
 
 @dataclass(frozen=True)
@@ -65,6 +96,14 @@ class _Reservation:
     since: float
     descriptor: TransferDescriptor | None = None
     first_token: int | None = None  # set by `start`: from then on the transfer is polled
+    live: bool = False  # a live migration's: `first_token` was streamed by the worker it left
+
+
+@dataclass(frozen=True)
+class _Suspended:
+    request: Request
+    kv_ready: bool
+    since: float
 
 
 class DecodeEngine(LLMEngine):
@@ -74,13 +113,20 @@ class DecodeEngine(LLMEngine):
         config: EngineConfig,
         receiver_factory: ReceiverFactory,
         limits: DecodeLimits = DecodeLimits(),
+        sender_factory: SenderFactory | None = None,
     ) -> None:
         super().__init__(model_dir, config)
         self.limits = limits
         self.receiver = receiver_factory(self.runner.kv_cache)
+        self._sender_factory = sender_factory
+        self._sender: KVSenderLike | None = None  # made at the first live migration out
         self._queued = ReservationQueue[_Reservation](self.scheduler)  # waiting for blocks
         self._reserved: dict[str, _Reservation] = {}  # blocks held, KV expected
         self._failed: dict[str, str] = {}  # freed before Generate came: request id -> why
+        self._suspended: dict[str, _Suspended] = {}  # out of the batch, waiting for `migrate`
+        self._outbox: list[Delivery] = []  # deliveries made between polls (suspended streams)
+        self.num_migrated_out = 0  # requests whose KV left for another worker (live)
+        self.migrated_kv_bytes = 0
 
     # -- commands (engine thread) ---------------------------------------------------------
 
@@ -90,18 +136,28 @@ class DecodeEngine(LLMEngine):
         prompt_token_ids: list[int],
         params: SamplingParams,
         resumed_output: Sequence[int] = (),
+        live_migration: bool = False,
     ) -> concurrent.futures.Future[TransferDescriptor]:
         """Validates now; the future resolves once blocks are held and the receive is posted.
-        The KV expected is that of the prompt and `resumed_output` (a migration, see `resume`)."""
+        The KV expected is that of the prompt and `resumed_output` (a migration, see `resume`);
+        with `live_migration` the first token `start` brings was streamed already too."""
         self._check_new(request_id)
         token_ids = self._prompt_token_ids(prompt_token_ids)
         self._check_fits(len(token_ids), params.max_tokens)
         resumed = self._resumed_output(resumed_output, params)
+        if live_migration and len(resumed) + 1 >= params.max_tokens:
+            raise InvalidRequestError(
+                "resumed_output_token_ids",
+                f"{len(resumed)} tokens and the first leave none of max_tokens "
+                f"({params.max_tokens}) to a live migration",
+            )
         if len(self._queued) >= self.limits.max_pending_reservations:
             raise QueueFullError("decode: the reservation queue is full")
         request = Request(request_id, token_ids, params, next(self._arrivals), time.monotonic())
         request.output_token_ids = resumed
-        reservation = _Reservation(request, concurrent.futures.Future(), time.monotonic())
+        reservation = _Reservation(
+            request, concurrent.futures.Future(), time.monotonic(), live=live_migration
+        )
         self._queued.append(reservation)
         self._grant_queued()
         return reservation.granted
@@ -124,7 +180,8 @@ class DecodeEngine(LLMEngine):
 
     def _knows(self, request_id: str) -> bool:
         queued = self._queued.get(request_id) is not None
-        return queued or request_id in self.requests or request_id in self._reserved
+        held = request_id in self._reserved or request_id in self._suspended
+        return queued or held or request_id in self.requests
 
     def start(self, request_id: str, token: bytes, first_token: int) -> None:
         """Prefill is done: watch for the KV and continue from `first_token`."""
@@ -144,6 +201,10 @@ class DecodeEngine(LLMEngine):
     def abort(self, request_id: str) -> None:
         """Frees whatever the request holds, at any stage (unknown ids are ignored)."""
         self._failed.pop(request_id, None)
+        suspended = self._suspended.pop(request_id, None)
+        if suspended is not None:
+            self._free_suspended(suspended)
+            return
         queued = self._queued.get(request_id)
         if queued is not None:
             self._queued.remove(queued)
@@ -160,12 +221,15 @@ class DecodeEngine(LLMEngine):
     # -- background work (the engine loop polls this between steps) -----------------------
 
     def pending(self) -> bool:
-        return bool(self._queued or self._reserved)
+        return bool(self._queued or self._reserved or self._suspended or self._outbox)
 
     def poll(self) -> list[Delivery]:
         self._grant_queued()
-        deliveries: list[Delivery] = []
+        deliveries, self._outbox = self._outbox, []
         now = time.monotonic()
+        for request_id, suspended in list(self._suspended.items()):
+            if now - suspended.since > self.limits.reservation_ttl_s:
+                self.abort(request_id)  # the router that suspended it is gone
         for request_id, reservation in list(self._reserved.items()):
             # Polled before Generate too: bytes land as soon as they arrive, and a failed
             # transfer (prefill died mid-send) frees its blocks at once, not at the TTL.
@@ -176,7 +240,9 @@ class DecodeEngine(LLMEngine):
                     self._fail(request_id, "its KV transfer failed" if not expired else "expired")
                 continue
             if state is TransferState.DONE:
-                deliveries.append((request_id, self._admit(reservation)))
+                delta = self._admit(reservation)
+                if delta is not None:
+                    deliveries.append((request_id, delta))
             elif (
                 state is TransferState.FAILED or now - reservation.since > self.limits.kv_timeout_s
             ):
@@ -219,7 +285,9 @@ class DecodeEngine(LLMEngine):
         """KV bytes that did not travel because this worker held the blocks already."""
         return self.scheduler.kv_manager.num_reused_blocks * int(self.layout.block_nbytes)
 
-    def _admit(self, reservation: _Reservation) -> TokenDelta:
+    def _admit(self, reservation: _Reservation) -> TokenDelta | None:
+        """The KV landed: the request joins the batch; the delta of its first token (None for a
+        live migration, whose first token the client has)."""
         request = reservation.request
         assert reservation.first_token is not None  # only started reservations are polled
         del self._reserved[request.request_id]
@@ -230,6 +298,13 @@ class DecodeEngine(LLMEngine):
         # Same seed, same tokens as a single-process run: prefill drew the first token's noise
         # (and a migrated request's resumed output was sampled before that).
         resumed = request.output_token_ids
+        if reservation.live:
+            # The last token the draining worker streamed: output already, like the rest, and
+            # the next step computes its KV, as it would have there.
+            continued = [*resumed, reservation.first_token]
+            self.resume(request, continued, tokens_sampled_elsewhere=len(continued))
+            self.scheduler.add(request)
+            return None
         self.resume(request, resumed, tokens_sampled_elsewhere=len(resumed) + 1)
         delta = self._append(request, reservation.first_token)
         if not delta.finished:
@@ -245,11 +320,80 @@ class DecodeEngine(LLMEngine):
     def token_counts(self, request_id: str) -> tuple[int, int]:
         """(prompt tokens, output tokens already counted: a migration's resumed output) of a
         started reservation, for the usage its stream ends with."""
-        request = self._reserved[request_id].request
-        return request.num_prompt_tokens, len(request.output_token_ids)
+        reservation = self._reserved[request_id]
+        request = reservation.request
+        return request.num_prompt_tokens, len(request.output_token_ids) + int(reservation.live)
 
     def load(self) -> EngineLoad:
         """The engine's load, with reservations (queued or waiting for their KV) as waiting."""
         load = super().load()
         reservations = len(self._queued) + len(self._reserved)
         return dataclasses.replace(load, num_waiting=load.num_waiting + reservations)
+
+    # -- live migration out (a draining worker) -------------------------------------------
+
+    def suspend(self, request_id: str) -> Suspension:
+        """Takes a request out of the batch between two steps; its stream ends here (after every
+        token it produced) and its KV waits for `migrate` when it is all on the device."""
+        request = self.requests.get(request_id)
+        if request is None or request.forks or request.status.finished:
+            return Suspension.NOT_RUNNING
+        kv_ready = (
+            request.status is RequestStatus.RUNNING
+            and bool(request.output_token_ids)
+            and not request.swap_block_ids
+            and request.num_computed_tokens == request.num_tokens - 1
+        )
+        self.scheduler.detach(request)
+        if not kv_ready:
+            self.scheduler.kv_manager.free_for_recompute(request)
+        request.status = RequestStatus.SUSPENDED
+        del self.requests[request_id], self._detokenizers[request_id]
+        self._suspended[request_id] = _Suspended(request, kv_ready, time.monotonic())
+        self._outbox.append((request_id, RequestSuspended(request_id)))
+        return Suspension.KV_READY if kv_ready else Suspension.KV_FREED
+
+    def migrate(
+        self, request_id: str, destination: TransferDescriptor
+    ) -> concurrent.futures.Future[SendResult]:
+        """Pushes a suspended request's KV into `destination` (another worker's live-migration
+        reservation) and frees it here; the future settles when the other worker took it all."""
+        suspended = self._suspended.pop(request_id, None)
+        if suspended is None:
+            raise UnknownRequestError(f"request_id: {request_id!r} is not suspended here")
+        request = suspended.request
+        try:
+            if not suspended.kv_ready:
+                raise KVNotOnDeviceError(
+                    f"request {request_id!r}: its KV was not all on the device; re-prefill it"
+                )
+            skipped = destination.num_cached_blocks  # the other worker holds these already
+            computed = request.num_computed_tokens
+            sending = send_whole(
+                self._kv_sender(),
+                destination,
+                self.runner.kv_cache,
+                request.block_ids[skipped : blocks_for(computed, self.config.block_size)],
+                computed - skipped * self.config.block_size,
+            )
+        finally:
+            self._free_suspended(suspended)  # the pushes copied the blocks out (staging)
+        sending.add_done_callback(self._count_migrated)
+        return sending
+
+    def _kv_sender(self) -> KVSenderLike:
+        if self._sender is None:
+            if self._sender_factory is None:
+                raise NotServedHereError("this decode worker has no KV sender for live migration")
+            self._sender = self._sender_factory()
+        return self._sender
+
+    def _free_suspended(self, suspended: _Suspended) -> None:
+        self.scheduler.kv_manager.free(suspended.request)
+        suspended.request.status = RequestStatus.FINISHED_ABORTED
+
+    def _count_migrated(self, sending: concurrent.futures.Future[SendResult]) -> None:
+        """Runs on the sender's thread; plain int updates, read by gauges only."""
+        if not sending.cancelled() and sending.exception() is None:
+            self.num_migrated_out += 1
+            self.migrated_kv_bytes += sending.result().nbytes

@@ -59,6 +59,7 @@ def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
 
 def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> EngineLoop:
     from pdserve.core.transfer.ucx import KVReceiver
+    from pdserve.core.transfer.ucx_sender import KVSender
     from pdserve.decode_service.engine import DecodeEngine, DecodeLimits
     from pdserve.decode_service.metrics import register_engine_gauges
 
@@ -76,6 +77,7 @@ def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> Engin
             min(args.kv_layer_groups, cache.layout.num_layers),  # < 1 is refused, naming it
         ),
         limits,
+        sender_factory=lambda: KVSender(ucx_config_from_args(args)),  # drains move KV out
     )
     engine.scheduler.step_budget = step_costs
     register_engine_gauges(engine)

@@ -25,6 +25,11 @@ QUEUE_TIME = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 TOKENS = Counter("pdserve_decode_generated_tokens_total", "Tokens streamed by this worker")
+LIVE_MIGRATION_SECONDS = Histogram(
+    "pdserve_decode_live_migration_seconds",
+    "Decode.Migrate: a suspended request's KV pushed until the other worker took it all",
+    buckets=LATENCY_BUCKETS,
+)
 
 
 def register_engine_gauges(engine: DecodeEngine) -> None:
@@ -56,6 +61,12 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     Gauge("pdserve_decode_swaps_out", "Swap-outs to the CPU pool since start").set_function(
         lambda: engine.scheduler.num_swaps_out
     )
+    Gauge(
+        "pdserve_decode_live_migrations_out", "Streams whose KV moved live to another worker"
+    ).set_function(lambda: engine.num_migrated_out)
+    Gauge(
+        "pdserve_decode_live_migration_kv_bytes", "KV bytes sent by live migrations out"
+    ).set_function(lambda: engine.migrated_kv_bytes)
     Gauge("pdserve_decode_kv_received_bytes", "KV bytes received over UCX").set_function(
         lambda: getattr(receiver, "bytes_received", 0)
     )

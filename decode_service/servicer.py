@@ -7,6 +7,7 @@ need a decode worker's (FAILED_PRECONDITION elsewhere).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Callable
@@ -15,8 +16,10 @@ from typing import Any, TypeAlias
 import grpc
 
 from pdserve.core.engine import LLMEngine
+from pdserve.core.errors import RequestSuspended
 from pdserve.core.serving.grpc_errors import grpc_errors
 from pdserve.core.serving.proto_convert import (
+    descriptor_from_proto,
     descriptor_to_proto,
     finish_reason_to_proto,
     load_to_proto,
@@ -24,7 +27,7 @@ from pdserve.core.serving.proto_convert import (
 from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.decode_service import metrics
-from pdserve.decode_service.engine import DecodeEngine
+from pdserve.decode_service.engine import DecodeEngine, Suspension
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -45,8 +48,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             prompt = list(request.prompt_token_ids)
             resumed = list(request.resumed_output_token_ids)
             abort = functools.partial(engine.abort, request.request_id)
+            live = request.live_migration
             granted = await self.runtime.call(
-                lambda: engine.reserve(request.request_id, prompt, params, resumed), undo=abort
+                lambda: engine.reserve(request.request_id, prompt, params, resumed, live),
+                undo=abort,
             )
             descriptor = await self.runtime.wait(granted, undo=abort)
             metrics.QUEUE_TIME.observe(time.monotonic() - started)
@@ -90,8 +95,25 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self, request_id: str, start: Callable[[], None], usage: common_pb2.Usage
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         """The request's deltas as protos, timed; `usage` holds the tokens counted before this
-        stream (the prompt, a migration's resumed output) once `start` has run."""
+        stream (the prompt, a migration's resumed output) once `start` has run. Once this worker
+        drains, a decode worker's deltas say so (the router may move the stream: Suspend), and a
+        suspended stream ends with a `suspended` delta."""
         started = time.monotonic()
+        movable = isinstance(self.runtime.engine(LLMEngine), DecodeEngine)
+        try:
+            async for message in self._deltas(request_id, start, usage, started):
+                message.draining = movable and self.runtime.host.draining
+                yield message
+        except RequestSuspended:
+            yield decode_pb2.TokenDelta(request_id=request_id, suspended=True)
+
+    async def _deltas(
+        self,
+        request_id: str,
+        start: Callable[[], None],
+        usage: common_pb2.Usage,
+        started: float,
+    ) -> AsyncIterator[decode_pb2.TokenDelta]:
         last = started
         streamed = 0
         async for delta in self.runtime.stream(request_id, start):
@@ -112,6 +134,32 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 message.usage.completion_tokens = usage.completion_tokens + streamed
                 message.timings.decode_seconds = now - started
             yield message
+
+    async def Suspend(
+        self, request: decode_pb2.SuspendRequest, context: Context
+    ) -> decode_pb2.SuspendResponse:
+        async with grpc_errors(context):
+            engine = self.runtime.engine(DecodeEngine)
+            outcome = await self.runtime.call(lambda: engine.suspend(request.request_id))
+            return decode_pb2.SuspendResponse(
+                suspended=outcome is not Suspension.NOT_RUNNING,
+                kv_ready=outcome is Suspension.KV_READY,
+            )
+
+    async def Migrate(
+        self, request: decode_pb2.MigrateRequest, context: Context
+    ) -> decode_pb2.MigrateResponse:
+        async with grpc_errors(context):
+            engine = self.runtime.engine(DecodeEngine)
+            destination = descriptor_from_proto(request.destination)
+            sending = await self.runtime.call(
+                lambda: engine.migrate(request.request_id, destination)
+            )
+            result = await asyncio.wrap_future(sending)
+            metrics.LIVE_MIGRATION_SECONDS.observe(result.seconds)
+            return decode_pb2.MigrateResponse(
+                kv_bytes=result.nbytes, transfer_seconds=result.seconds
+            )
 
     async def Release(
         self, request: decode_pb2.ReleaseRequest, context: Context

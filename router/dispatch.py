@@ -13,6 +13,9 @@
         recomputes exactly that context; the seeded sampler skips the resumed tokens' noise),
         text and stop strings (its detokenizer has seen the resumed tokens, so text the lost
         worker held back comes out, and a stop string may span the failure point), usage.
+    decode worker draining (its deltas say so) ──> live migration (live_migration.py): the
+        stream is suspended there and its KV pushed to another decode worker, which continues
+        it; no re-prefill. If that fails, the request is re-prefilled as after a lost worker.
 
 On any way out that is not a finished stream (error, client cancel, deadline, a lost worker), the
 in-flight downstream call is cancelled and decode is told to abort in the background, so no tier
@@ -21,6 +24,7 @@ keeps blocks for a request nobody waits for.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
@@ -34,6 +38,7 @@ from pdserve.router.adaptive_placement import place_adaptive
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RouterConfig
 from pdserve.router.errors import RouterError
+from pdserve.router.live_migration import LiveMigration, StreamSuspended
 from pdserve.router.placement import PlacementMode, PrefillPlace, PrefillTierState, place_prefill
 from pdserve.router.registry import Registry, Worker
 from pdserve.router.remote_prefill import Chosen, RemotePrefill
@@ -68,6 +73,7 @@ class Dispatcher:
         self.aborts = Aborts(registry, config)
         self.remote = RemotePrefill(registry, config, self.aborts)
         self.roles = Roles(registry)
+        self.live = LiveMigration(registry, self.aborts)
 
     @property
     def block_size(self) -> int:
@@ -79,24 +85,49 @@ class Dispatcher:
     ) -> AsyncGenerator[decode_pb2.TokenDelta, None]:
         """The request's deltas; close it (aclosing) so a cancel runs its cleanup."""
         emitted: list[int] = []
-        lost: list[str] = []
+        left: list[str] = []  # decode workers this request must not go back to (lost, drained)
+        moved: tuple[Worker[DecodeAsyncStub], StartCall] | None = None  # a live migration's
         while True:
-            run = _continued(request, emitted) if emitted else request
+            if moved is not None:
+                runs = self._relay(*moved, request.request_id)
+            else:
+                run = _continued(request, emitted) if emitted else request
+                runs = self._run(run, deadline, clock, avoid=left)
             try:
-                async for delta in self._run(run, deadline, clock, avoid=lost):
+                async for delta in runs:
                     emitted.extend(delta.token_ids)
                     yield delta
                 return
             except WorkerLostError as failure:
-                lost.append(failure.address)
-                self._check_migratable(failure, lost, len(emitted))
+                moved = None
+                left.append(failure.address)
+                self._check_migratable(failure, left, len(emitted))
                 metrics.MIGRATIONS.labels("migrated").inc()
                 log.warning(
                     "request %s: %s after %d tokens; migrating",
-                    run.request_id,
+                    request.request_id,
                     failure,
                     len(emitted),
                 )
+            except StreamSuspended as suspended:
+                left.append(suspended.source.address)
+                moved = await self._move_live(request, emitted, suspended, deadline, left)
+
+    async def _move_live(
+        self,
+        request: ValidatedRequest,
+        emitted: list[int],
+        suspended: StreamSuspended,
+        deadline: Deadline,
+        left: list[str],
+    ) -> tuple[Worker[DecodeAsyncStub], StartCall] | None:
+        """The worker and the call that continue a suspended stream, or None: re-prefill."""
+        moved = await self.live.move(request, emitted, suspended.source, deadline, left)
+        if moved is None:
+            metrics.MIGRATIONS.labels("migrated").inc()
+            return None
+        target, generate = moved
+        return target, lambda: target.stub.Generate(generate, timeout=deadline.remaining())
 
     def _check_migratable(self, failure: WorkerLostError, lost: list[str], tokens: int) -> None:
         if len(lost) <= self.config.max_migrations and self.registry.decode.has_untried(lost):
@@ -221,12 +252,19 @@ class Dispatcher:
         self, decode: Worker[DecodeAsyncStub], start: StartCall, request_id: str
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         """Decode's deltas until finished. The caller holds one `acquire` on `decode`, which
-        this releases; a run that does not finish is aborted there."""
-        finished = False
+        this releases; a run that does not finish is aborted there, except a suspended one,
+        whose KV waits there for the live migration (StreamSuspended)."""
+        finished = suspended = False
         call: DecodeCall | None = None
+        suspending: asyncio.Task[None] | None = None
         try:
             call = start()
             async for delta in call:
+                if delta.suspended:
+                    suspended = True
+                    raise StreamSuspended(decode)
+                if delta.draining and suspending is None and self.live.can_move(decode):
+                    suspending = asyncio.create_task(self.live.suspend(decode, request_id))
                 finished = _finished(delta)
                 yield delta
         except grpc.aio.AioRpcError as error:
@@ -237,7 +275,9 @@ class Dispatcher:
         finally:
             if call is not None:
                 call.cancel()
-            if not finished:
+            if suspending is not None and not suspending.done():
+                suspending.cancel()  # the stream ended first: nothing left to suspend
+            if not finished and not suspended:
                 self.aborts.later(decode, request_id)
             self.registry.decode.release(decode)
 

@@ -64,8 +64,9 @@ PREFILL_PLACEMENTS = Counter(
 )
 MIGRATIONS = Counter(
     "pdserve_router_migrations",
-    "Requests whose decode worker was lost mid-request: moved to another (migrated) or ended "
-    "UNAVAILABLE because none could take them (failed)",
+    "Requests moved off a decode worker mid-request: with their KV, off a draining worker "
+    "(live); re-prefilled on another, off a lost worker or when a live move failed (migrated); "
+    "or ended UNAVAILABLE because none could take them (failed)",
     ["outcome"],
 )
 ROLE_CHANGES = Counter(

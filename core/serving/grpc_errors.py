@@ -11,6 +11,7 @@ import grpc
 from pdserve.core.errors import (
     DrainingError,
     KVNotArrivedError,
+    KVNotOnDeviceError,
     NotServedHereError,
     QueueFullError,
     TransferTokenError,
@@ -27,6 +28,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (LayoutMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotServedHereError, grpc.StatusCode.FAILED_PRECONDITION),
+    (KVNotOnDeviceError, grpc.StatusCode.FAILED_PRECONDITION),
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnknownRequestError, grpc.StatusCode.NOT_FOUND),
     (KVNotArrivedError, grpc.StatusCode.ABORTED),

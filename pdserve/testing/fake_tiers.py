@@ -181,6 +181,18 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
     ) -> common_pb2.LoadResponse:
         return await _load(self.knobs, context)
 
+    async def Suspend(
+        self, request: decode_pb2.SuspendRequest, context: Context
+    ) -> decode_pb2.SuspendResponse:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fake: never drains")
+        raise AssertionError("unreachable: abort raises")
+
+    async def Migrate(
+        self, request: decode_pb2.MigrateRequest, context: Context
+    ) -> decode_pb2.MigrateResponse:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fake: never drains")
+        raise AssertionError("unreachable: abort raises")
+
 
 async def _fail_or_wait(knobs: Knobs, context: Context, cancelled: list[str], key: str) -> None:
     if knobs.failures:

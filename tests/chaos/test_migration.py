@@ -1,12 +1,17 @@
-"""SIGKILL of a decode worker mid-stream: its requests move to the other decode worker and every
+"""A decode worker leaves mid-stream: its requests move to the other decode worker and every
 stream goes on as if nothing happened, on gRPC and on HTTP: the same tokens (greedy and seeded
-sampling), the same text (including what the lost worker held back for a stop string's
-look-ahead), the same finish reason and usage as the undisturbed run; no block stays held."""
+sampling), the same text (including what the worker that left held back for a stop string's
+look-ahead), the same finish reason and usage as the undisturbed run; no block stays held.
+
+- SIGKILL: the worker is lost; the router re-prefills each stream elsewhere (prompt + streamed).
+- SIGTERM: the worker drains; the router moves each stream live, its KV pushed over UCX to the
+  other worker (no re-prefill), and the drained worker exits cleanly."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,33 +68,49 @@ def _sampling(index: int) -> SamplingParams:
     )
 
 
-def test_streams_survive_a_killed_decode_worker(
-    model_dir: Path, tmp_path: Path, prompts: list[list[int]], chaos_rounds: int
+@pytest.mark.parametrize(
+    ("how", "outcome"),
+    [(signal.SIGKILL, "migrated"), (signal.SIGTERM, "live")],
+    ids=["killed-re-prefilled", "drained-moved-live"],
+)
+def test_streams_survive_a_decode_worker_leaving(
+    model_dir: Path,
+    tmp_path: Path,
+    prompts: list[list[int]],
+    chaos_rounds: int,
+    how: signal.Signals,
+    outcome: str,
 ) -> None:
     work = prompts[1:7]
     for round_ in range(chaos_rounds):
         cluster = start_cluster(model_dir, tmp_path / f"logs-{round_}", 1, 2)
         try:
-            undisturbed = asyncio.run(_streams(cluster, work, kill_after=None))
-            migrated = asyncio.run(_streams(cluster, work, kill_after=TOKENS_BEFORE_KILL))
-            assert [s.outcome() for s in migrated] == [s.outcome() for s in undisturbed]
+            undisturbed = asyncio.run(_streams(cluster, work, None))
+            moved = asyncio.run(_streams(cluster, work, how))
+            assert [s.outcome() for s in moved] == [s.outcome() for s in undisturbed]
             assert all(len(s.token_ids) == MAX_TOKENS for s in undisturbed[:GRPC_STREAMS])
-            worst_gap = max(_worst_gap(s) for s in migrated)
-            print(f"chaos migration round {round_}: worst gap across the kill {worst_gap:.2f} s")
-            moved = labelled_metric(
-                cluster.router, "pdserve_router_migrations_total", outcome="migrated"
-            )
-            assert moved >= 1
+            worst_gap = max(_worst_gap(s) for s in moved)
+            print(f"chaos {outcome} round {round_}: worst gap across the move {worst_gap:.2f} s")
+            counts = {
+                kind: labelled_metric(
+                    cluster.router, "pdserve_router_migrations_total", outcome=kind
+                )
+                for kind in ("migrated", "live")
+            }
+            assert counts[outcome] >= 1
+            if how is signal.SIGTERM:  # every stream moved with its KV, none re-prefilled
+                assert counts["migrated"] == 0
+                assert cluster.decode[0].popen.wait(timeout=60) == 0
             _wait_survivors_free(cluster)
         finally:
             cluster.stop()
 
 
 async def _streams(
-    cluster: Cluster, prompts: list[list[int]], kill_after: int | None
+    cluster: Cluster, prompts: list[list[int]], disturb: signal.Signals | None
 ) -> list[Stream]:
-    """What every prompt's client saw; with `kill_after`, decode-0 is SIGKILLed once every
-    stream has that many chunks."""
+    """What every prompt's client saw; with `disturb`, decode-0 gets that signal once every
+    stream has TOKENS_BEFORE_KILL chunks."""
     streams = [Stream() for _ in prompts]
     async with GenerationClient.connect(cluster.router.address) as client:
         tasks = [
@@ -102,10 +123,10 @@ async def _streams(
             )
             for i in range(GRPC_STREAMS, len(prompts))
         ]
-        if kill_after is not None:
-            while min(s.seen for s in streams) < kill_after:
+        if disturb is not None:
+            while min(s.seen for s in streams) < TOKENS_BEFORE_KILL:
                 await asyncio.sleep(0.005)
-            cluster.decode[0].popen.kill()
+            cluster.decode[0].popen.send_signal(disturb)
         await asyncio.gather(*tasks)
     return streams
 

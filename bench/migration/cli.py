@@ -1,0 +1,261 @@
+"""`pdserve bench migration`: what moving a stream off a decode worker costs, live vs re-prefill,
+and how long a decode worker takes to drain.
+
+    pdserve bench migration [--contexts 100,1000,4000] [--repeats 3] [--streams 1,4,8] [--json]
+
+**Move stall.** For each context length L, repeat and mode, a fresh cluster (1 prefill and 2 decode
+workers) serves one stream: a prompt of L - 8 random ordinary tokens (drawn from a seed of the
+repeat's own: no prompt repeats within a run; both modes of a repeat get the same one), greedy,
+EOS ignored. Once it has streamed 8 tokens (context L), the decode worker holding it gets SIGTERM
+(`live`: it drains; the router suspends the stream there, its KV goes over UCX to the other
+decode worker, which continues) or SIGKILL (`re_prefill`: it is lost; the router sends prompt +
+streamed tokens to the prefill tier, whose KV goes to the other decode worker). The stall is what
+the client sees: the time from the signal to the next token. Both modes must give the same tokens
+(`outputs_match`).
+
+**Drain time.** For each K in `--streams`, a fresh cluster serves K streams of 1,000-token
+contexts; once each has 8 tokens, decode-0 (holding about half of them) gets SIGTERM, and
+`drain_s` is the time until its process exits: it moves its streams live and leaves.
+
+With --json, one object per line: `{"context_tokens", "mode", "stall_s", "stall_ci",
+"repeats", "outputs_match"}` per context and mode, `{"streams", "drain_s", "moved_live",
+"exit_code"}` per K (seconds; `stall_ci` a 95 % Student-t interval of the mean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+
+from pdserve.bench.arg_types import positive_int, positive_ints
+from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.cluster import Cluster, ClusterSpec, Process
+from pdserve.core.model.source import resolve_model
+from pdserve.v1 import common_pb2, decode_pb2_grpc
+
+FIRST_ORDINARY_TOKEN = 100  # clear of the special tokens at the start of the vocabulary
+TOKENS_BEFORE_MOVE = 8
+MAX_TOKENS = 32
+DRAIN_CONTEXT_TOKENS = 1000
+MODES = {"live": signal.SIGTERM, "re_prefill": signal.SIGKILL}
+UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
+# This benchmark's ports (apart from `bench disagg`'s 50100/50200): router at BASE_PORT, workers
+# at fixed offsets after it.
+BASE_PORT = 50300
+METRICS_BASE_PORT = 50400
+STUDENT_T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+@dataclass(frozen=True)
+class StallRow:
+    context_tokens: int
+    mode: str
+    stall_s: float
+    stall_ci: tuple[float, float]
+    repeats: int
+    outputs_match: bool
+
+
+@dataclass(frozen=True)
+class DrainRow:
+    streams: int
+    drain_s: float
+    moved_live: int
+    exit_code: int
+
+
+@dataclass
+class Stream:
+    tokens: list[int]
+    times: list[float]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model folder (default: the embedded one)")
+    parser.add_argument(
+        "--contexts",
+        type=positive_ints,
+        default=[100, 1000, 4000],
+        metavar="N,...",
+        help="context lengths (tokens) at the move",
+    )
+    parser.add_argument("--repeats", type=positive_int, default=3, help="moves per context, mode")
+    parser.add_argument(
+        "--streams",
+        type=positive_ints,
+        default=[1, 4, 8],
+        metavar="K,...",
+        help="running streams at the drain",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the prompts")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    parser.add_argument("--log-dir", type=Path, help="keep the workers' logs here")
+
+
+def run(args: argparse.Namespace) -> int:
+    model_dir = resolve_model(args.model)
+    vocab_size = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    print(f"loadavg before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    for context in args.contexts:
+        for row in _stall_rows(args, model_dir, vocab_size, context):
+            _print(row, args.json)
+    for count in args.streams:
+        _print(_drain_row(args, model_dir, vocab_size, count), args.json)
+    print(f"loadavg after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    return 0
+
+
+def _stall_rows(
+    args: argparse.Namespace, model_dir: Path, vocab_size: int, context: int
+) -> list[StallRow]:
+    stalls: dict[str, list[float]] = {mode: [] for mode in MODES}
+    match = True
+    for repeat in range(args.repeats):
+        rng = random.Random(f"{args.seed}-{context}-{repeat}")
+        prompt = _prompt(rng, context - TOKENS_BEFORE_MOVE, vocab_size)
+        outputs = []
+        for mode, how in MODES.items():
+            with _running(model_dir, args.log_dir, f"{mode}-{context}-{repeat}") as cluster:
+                stream, moved_at = asyncio.run(_moved_stream(cluster, [prompt], how))
+                outputs.append(stream[0].tokens)
+                after = [t for t in stream[0].times if t > moved_at]
+                stalls[mode].append(after[0] - moved_at)
+        match = match and outputs[0] == outputs[1]
+    return [
+        StallRow(context, mode, statistics.fmean(s), _interval(s), len(s), match)
+        for mode, s in stalls.items()
+    ]
+
+
+def _drain_row(args: argparse.Namespace, model_dir: Path, vocab_size: int, count: int) -> DrainRow:
+    rng = random.Random(f"{args.seed}-drain-{count}")
+    length = DRAIN_CONTEXT_TOKENS - TOKENS_BEFORE_MOVE
+    prompts = [_prompt(rng, length, vocab_size) for _ in range(count)]
+    with _running(model_dir, args.log_dir, f"drain-{count}") as cluster:
+        source = cluster.decode[0]
+        before = _router_count(cluster, "live")
+        drain_s = asyncio.run(_drained(cluster, prompts, source))
+        moved = int(_router_count(cluster, "live") - before)
+        return DrainRow(count, drain_s, moved, source.popen.returncode)
+
+
+async def _drained(cluster: Cluster, prompts: list[tuple[int, ...]], source: Process) -> float:
+    """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, SIGTERM to `source`:
+    the seconds until it exits."""
+    streams = [Stream([], []) for _ in prompts]
+    async with GenerationClient.connect(cluster.router.address) as client:
+        tasks = [
+            asyncio.ensure_future(_stream(client, prompt, stream))
+            for prompt, stream in zip(prompts, streams, strict=True)
+        ]
+        await _until_each_has(streams, TOKENS_BEFORE_MOVE)
+        signalled = time.monotonic()
+        source.popen.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(source.popen.wait)
+        drained = time.monotonic() - signalled
+        await asyncio.gather(*tasks)
+    return drained
+
+
+async def _moved_stream(
+    cluster: Cluster, prompts: Sequence[tuple[int, ...]], how: signal.Signals
+) -> tuple[list[Stream], float]:
+    """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, the decode worker holding
+    the first gets `how`. Returns what the clients saw and when the signal went."""
+    streams = [Stream([], []) for _ in prompts]
+    async with GenerationClient.connect(cluster.router.address) as client:
+        tasks = [
+            asyncio.ensure_future(_stream(client, prompt, stream))
+            for prompt, stream in zip(prompts, streams, strict=True)
+        ]
+        await _until_each_has(streams, TOKENS_BEFORE_MOVE)
+        holder = await _holder(cluster.decode)
+        moved_at = time.monotonic()
+        holder.popen.send_signal(how)
+        await asyncio.gather(*tasks)
+    return streams, moved_at
+
+
+async def _stream(client: GenerationClient, prompt: tuple[int, ...], stream: Stream) -> None:
+    sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    async for chunk in client.generate_stream(
+        build_request(list(prompt), sampling=sampling), timeout=600
+    ):
+        if chunk.token_ids:
+            stream.times.append(time.monotonic())
+            stream.tokens.extend(chunk.token_ids)
+
+
+async def _until_each_has(streams: list[Stream], tokens: int) -> None:
+    while min(len(s.tokens) for s in streams) < tokens:
+        await asyncio.sleep(0.002)
+
+
+async def _holder(workers: list[Process]) -> Process:
+    """The decode worker running a request now."""
+    for worker in workers:
+        async with grpc.aio.insecure_channel(worker.address) as channel:
+            load = await decode_pb2_grpc.DecodeStub(channel).Load(common_pb2.LoadRequest())
+        if load.num_running:
+            return worker
+    raise RuntimeError("no decode worker runs the stream")
+
+
+@contextlib.contextmanager
+def _running(model_dir: Path, log_dir: Path | None, name: str) -> Iterator[Cluster]:
+    """A fresh, ready cluster of 1 prefill and 2 decode workers, stopped on the way out."""
+    spec = ClusterSpec(
+        model_dir=model_dir,
+        num_prefill=1,
+        num_decode=2,
+        base_port=BASE_PORT,
+        metrics_base_port=METRICS_BASE_PORT,
+        env=UCX_ENV,
+        drain_grace_seconds=120.0,
+    )
+    with Cluster(spec, None if log_dir is None else log_dir / name) as cluster:
+        cluster.wait_ready()
+        yield cluster
+
+
+def _prompt(rng: random.Random, count: int, vocab_size: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(FIRST_ORDINARY_TOKEN, vocab_size) for _ in range(count))
+
+
+def _interval(values: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean
+    half = STUDENT_T_95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+    return mean - half, mean + half
+
+
+def _router_count(cluster: Cluster, outcome: str) -> float:
+    url = f"http://127.0.0.1:{cluster.router.metrics_port}/metrics"
+    wanted = f'pdserve_router_migrations_total{{outcome="{outcome}"}} '
+    with urllib.request.urlopen(url, timeout=5) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith(wanted):
+                return float(line.split()[1])
+    return 0.0
+
+
+def _print(row: StallRow | DrainRow, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(asdict(row)), flush=True)
+    else:
+        print(row, flush=True)
