@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--log-dir", Path, None, "write each process's log here (default: discard)")
     add_flag(
         parser,
+        "--drain-grace-seconds",
+        float,
+        ClusterSpec.drain_grace_seconds,
+        "how long each process may drain on SIGTERM (also a worker `pdserve scale` removes)",
+    )
+    add_flag(
+        parser,
         "--disagg-threshold",
         int,
         0,
@@ -153,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
             *cost_args.router,
         ),
         http_port=args.http_port,
+        drain_grace_seconds=args.drain_grace_seconds,
     )
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
