@@ -1,6 +1,6 @@
 """The DNS server of `pdserve up --netns`: one A record per ready worker, as a headless Service.
 
-The router finds each tier by a name (`dns:///decode.pdserve.local:PORT`) that it re-resolves
+The router finds each tier by a name (`dns:///decode.pdserve.internal:PORT`) that it re-resolves
 every --resolve-interval-seconds through the ordinary system resolver (its pod's resolv.conf
 names this server). `pdserve up` adds a worker's record once the worker is ready and removes it
 before the worker is told to drain, so the router stops picking it first. Records carry a TTL of
@@ -20,13 +20,15 @@ from typing import Any
 from dnslib import QTYPE, RCODE, RR, A, DNSLabel, DNSRecord
 from dnslib.server import BaseResolver, DNSLogger, DNSServer
 
-ZONE = "pdserve.local"
+# `.internal` is set aside for private names (ICANN, 2024); `.local` would go to multicast DNS on
+# hosts whose nsswitch.conf has mdns4_minimal, and never reach this server.
+ZONE = "pdserve.internal"
 DNS_PORT = 53  # resolv.conf cannot name another port
 TTL_SECONDS = 0
 
 
 def tier_name(tier: str) -> str:
-    """The name the router resolves for a tier, e.g. `decode.pdserve.local`."""
+    """The name the router resolves for a tier, e.g. `decode.pdserve.internal`."""
     return f"{tier}.{ZONE}"
 
 

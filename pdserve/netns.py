@@ -25,8 +25,10 @@ import argparse
 import contextlib
 import ipaddress
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -241,13 +243,15 @@ def _write_resolv_conf(folder: Path, nameserver: str) -> None:
 
 
 def remove_stale(prefix: str, run: Runner = run_command, etc_dir: Path = NETNS_ETC) -> list[str]:
-    """Deletes what a killed `pdserve up` with this prefix left: its namespaces (their veths go
-    with them), its bridge and its /etc/netns folders. Returns what it removed."""
-    removed = [
-        namespace
-        for namespace in _namespaces(run)
-        if namespace.startswith(f"{prefix}-") and _delete(run, ["ip", "netns", "del", namespace])
-    ]
+    """Deletes what a killed `pdserve up` with this prefix left: the processes in its
+    namespaces, the namespaces (their veths go with them), its bridge and its /etc/netns
+    folders. Returns what it removed."""
+    removed = []
+    for namespace in _namespaces(run):
+        if namespace.startswith(f"{prefix}-"):
+            _kill_pods_processes(run, namespace)  # else they live on, unreachable
+            if _delete(run, ["ip", "netns", "del", namespace]):
+                removed.append(namespace)
     for folder in etc_dir.glob(f"{prefix}-*"):
         shutil.rmtree(folder, ignore_errors=True)
     if _delete(run, ["ip", "link", "del", f"{prefix}br"]):
@@ -258,6 +262,16 @@ def remove_stale(prefix: str, run: Runner = run_command, etc_dir: Path = NETNS_E
 def _namespaces(run: Runner) -> list[str]:
     listing = json.loads(run(["ip", "-j", "netns", "list"]) or "[]")
     return [str(entry["name"]) for entry in listing]
+
+
+def _kill_pods_processes(run: Runner, namespace: str) -> None:
+    try:
+        pids = run(["ip", "netns", "pids", namespace]).split()
+    except NetnsError:
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def _delete(run: Runner, command: list[str]) -> bool:

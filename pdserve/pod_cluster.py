@@ -2,7 +2,7 @@
 a Deployment is.
 
 The router and each worker run in their own network namespace (`netns.PodNetwork`); the router
-finds each tier by a name (`dns:///decode.pdserve.local:PORT`) that the DNS server of this
+finds each tier by a name (`dns:///decode.pdserve.internal:PORT`) that the DNS server of this
 process (`dns_registry`) answers with one A record per ready worker. All workers of a tier
 serve on the same port (a record carries no port), each on its pod's address. KV crosses UCX
 over TCP on each pod's `eth0`: UCX_TLS=tcp keeps UCX off shared memory, which separate network

@@ -47,7 +47,7 @@ def test_a_known_name_answers_aaaa_and_emptiness_without_nxdomain(registry: DnsR
 
 
 def test_an_unknown_name_is_nxdomain(registry: DnsRegistry) -> None:
-    assert _ask(registry, "other.pdserve.local").header.rcode == RCODE.NXDOMAIN
+    assert _ask(registry, "other.pdserve.internal").header.rcode == RCODE.NXDOMAIN
 
 
 def test_a_bad_address_is_refused_before_it_is_served(registry: DnsRegistry) -> None:
