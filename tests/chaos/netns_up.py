@@ -4,6 +4,7 @@ pod's link counters, the pids in a pod."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -15,12 +16,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ..integration.conftest import WORKER_ARGS, free_port_base
 
 READY = "ready: pdserve.v1.Generation on "
 HTTP = "OpenAI HTTP API on "
 
 
+def require_netns() -> None:
+    """Skips the calling test where pods cannot be made (asked once per session)."""
+    reason = netns_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@functools.cache
 def netns_unavailable() -> str | None:
     """Why pods cannot be made on this machine, or None when they can."""
     if os.geteuid() != 0:

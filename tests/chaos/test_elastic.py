@@ -29,13 +29,9 @@ from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.netns import NETNS_ETC
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
-from .netns_up import NetnsUp, link_exists, namespaces, netns_unavailable, pod_pids, received_bytes
+from .netns_up import NetnsUp, link_exists, namespaces, pod_pids, received_bytes, require_netns
 
-_UNAVAILABLE = netns_unavailable()
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(_UNAVAILABLE is not None, reason=_UNAVAILABLE or ""),
-]
+pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 24
 NEVER = "@@ this never appears in the output @@"  # every stream holds text back for it
@@ -93,6 +89,7 @@ class Cluster:
 def cluster(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]]
 ) -> Iterator[Cluster]:
+    require_netns()
     up = NetnsUp(model_dir, tmp_path_factory.mktemp("netns-logs"), DRAIN_GRACE_S)
     try:
         router = up.wait_ready()
