@@ -38,6 +38,7 @@ from pdserve.dns_registry import DnsRegistry, tier_name
 from pdserve.netns import (
     NO_SHAPING,
     LinkShaping,
+    NetnsError,
     Pod,
     PodNetwork,
     choose_subnet,
@@ -146,7 +147,10 @@ class PodCluster:
         self.network = PodNetwork(self.prefix, subnet, self.shaping)
         self.network.open()
         names = [tier_name(tier) for tier in TIERS]
-        self.dns = DnsRegistry(self.network.gateway, names=names)
+        try:
+            self.dns = DnsRegistry(self.network.gateway, names=names)
+        except OSError as error:  # something else serves port 53 on every address
+            raise NetnsError(f"cannot serve DNS on {self.network.gateway}:53: {error}") from error
         self.dns.start()
         deadline = self._clock() + timeout_s
         while not self.settled():
@@ -277,7 +281,7 @@ class PodCluster:
         elif exit_code is not None:
             if member.state is MemberState.STARTING:
                 raise RuntimeError(f"{member.process.name} exited while starting ({exit_code})")
-            log.warning("%s died (%d); replacing it", member.process.name, exit_code)
+            log.warning("%s exited unexpectedly (%d)", member.process.name, exit_code)
             self._unpublish(member)
             self._depart(member, exit_code, None)
         elif member.state is MemberState.STARTING and is_ready(member.process, self.spec.tls):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.config import SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
-from pdserve.netns import LinkShaping, NetnsError, link_delay, link_rate
+from pdserve.netns import LinkShaping, link_delay, link_rate
 from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy
 
@@ -212,7 +212,7 @@ def _serve_pods(
                     print("the router exited; stopping", file=sys.stderr)
                     return 1
             print("stopping (draining in-flight requests) ...", flush=True)
-    except (NetnsError, RuntimeError, TimeoutError) as error:
+    except (RuntimeError, OSError) as error:  # NetnsError, a worker that failed to start, ...
         print(f"pdserve up: {error}", file=sys.stderr)
         return 1
     finally:
