@@ -47,11 +47,12 @@ class Kind:
     prompt: int  # index into the prompts used
     seeded: bool  # seeded sampling, else greedy
     http: bool  # the OpenAI HTTP door, else gRPC streaming
+    stop: str = NEVER  # or a piece of the undisturbed text: the stream ends there
 
     def sampling(self) -> SamplingParams:
         if not self.seeded:
             return SamplingParams(
-                max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, stop=[NEVER]
+                max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, stop=[self.stop]
             )
         return SamplingParams(
             max_tokens=MAX_TOKENS,
@@ -59,11 +60,11 @@ class Kind:
             top_p=0.95,
             seed=1000 + self.prompt,
             ignore_eos=True,
-            stop=[NEVER],
+            stop=[self.stop],
         )
 
 
-KINDS = [
+BASE_KINDS = [
     Kind(p, seeded, http) for p in range(4) for seeded in (False, True) for http in (False, True)
 ]
 
@@ -82,7 +83,11 @@ class Cluster:
     router: str
     http_url: str
     prompts: list[list[int]]
-    undisturbed: dict[Kind, Outcome]
+    undisturbed: dict[Kind, Outcome]  # every kind the load sends, in turn
+
+    @property
+    def kinds(self) -> list[Kind]:
+        return list(self.undisturbed)
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +100,33 @@ def cluster(
         router = up.wait_ready()
         work = prompts[3:7]  # 17..250 tokens
         http_url = up.http_url()
-        outcomes = asyncio.run(_run_all(router, http_url, work, KINDS))
-        yield Cluster(up, router, http_url, work, dict(zip(KINDS, outcomes, strict=True)))
+        yield Cluster(up, router, http_url, work, _undisturbed(router, http_url, work))
     finally:
         code = up.stop()
     assert code == 0, up.output()
     left = [n for n in namespaces() if n.startswith(f"{up.prefix}-")]
     assert not left and not link_exists(f"{up.prefix}br"), f"left behind: {left}"
     assert not NETNS_ETC.is_dir() or not list(NETNS_ETC.glob(f"{up.prefix}-*"))
+
+
+def _undisturbed(router: str, http_url: str, work: list[list[int]]) -> dict[Kind, Outcome]:
+    """Every base kind once; then, for the first two prompts, kinds whose stop string is a piece
+    from the middle of that text (a stop that matches, found by the worker holding the stream)."""
+    base = asyncio.run(_run_all(router, http_url, work, BASE_KINDS))
+    stopping = [
+        Kind(kind.prompt, kind.seeded, kind.http, _middle(outcome.text))
+        for kind, outcome in zip(BASE_KINDS, base, strict=True)
+        if kind.prompt < 2
+    ]
+    stopped = asyncio.run(_run_all(router, http_url, work, stopping))
+    assert all(o.finish in ("stop", "FINISH_REASON_STOP") for o in stopped), stopped
+    return dict(zip(BASE_KINDS + stopping, base + stopped, strict=True))
+
+
+def _middle(text: str) -> str:
+    middle = len(text) // 2
+    assert len(text) > 12, text
+    return text[middle : middle + 6]
 
 
 def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
@@ -175,7 +199,7 @@ async def _open_loop(cluster: Cluster, stop: asyncio.Event) -> list[tuple[Kind, 
         tasks: list[asyncio.Future[Outcome]] = []
         kinds: list[Kind] = []
         while not stop.is_set():
-            kind = KINDS[len(tasks) % len(KINDS)]
+            kind = cluster.kinds[len(tasks) % len(cluster.kinds)]
             prompt = cluster.prompts[kind.prompt]
             kinds.append(kind)
             tasks.append(asyncio.ensure_future(_one(client, cluster.http_url, prompt, kind)))
@@ -208,7 +232,7 @@ async def _one(client: GenerationClient, http_url: str, prompt: list[int], kind:
         outcome.token_ids.extend(chunk.token_ids)
         outcome.text += chunk.text
         if chunk.finish_reason:
-            outcome.finish = str(chunk.finish_reason)
+            outcome.finish = common_pb2.FinishReason.Name(chunk.finish_reason)
             outcome.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
     return outcome
 
@@ -242,11 +266,11 @@ def _http(http_url: str, prompt: list[int], sampling: SamplingParams) -> Outcome
 
 
 def _assert_as_undisturbed(cluster: Cluster, outcomes: list[tuple[Kind, Outcome]]) -> None:
-    assert len(outcomes) >= 2 * len(KINDS)  # the load ran across the steps
+    assert len(outcomes) >= len(cluster.kinds)  # the load ran across the steps
     different = [(k, o) for k, o in outcomes if o != cluster.undisturbed[k]]
     assert not different, f"{len(different)} of {len(outcomes)} differ, first: {different[0]}"
-    grpc_outcomes = [o for k, o in outcomes if not k.http]
-    assert all(len(o.token_ids) == MAX_TOKENS for o in grpc_outcomes)
+    running_out = [o for k, o in outcomes if not k.http and k.stop == NEVER]
+    assert all(len(o.token_ids) == MAX_TOKENS for o in running_out)
 
 
 def _members(status: dict[str, Any], tier: str) -> list[dict[str, Any]]:
