@@ -205,7 +205,7 @@ class PodNetwork:
             return
         with contextlib.suppress(NetnsError):
             self._run(["ip", "netns", "del", pod.namespace])
-        with contextlib.suppress(NetnsError):  # the veth's bridge end, if the namespace never got
+        with contextlib.suppress(NetnsError):  # the bridge end, if its peer never reached the pod
             self._run(["ip", "link", "del", pod.host_veth])
         shutil.rmtree(self.etc_dir / pod.namespace, ignore_errors=True)
         self._free.append(pod.address)  # reused last: a lingering router entry meets no newcomer
