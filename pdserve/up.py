@@ -22,7 +22,8 @@ from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy
 
 if TYPE_CHECKING:
-    from pdserve.pod_cluster import ClusterStatus, PodCluster
+    from pdserve.cluster_status import ClusterStatus
+    from pdserve.pod_cluster import PodCluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
