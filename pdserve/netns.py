@@ -254,14 +254,20 @@ def remove_stale(prefix: str, run: Runner = run_command, etc_dir: Path = NETNS_E
                 removed.append(namespace)
     for folder in etc_dir.glob(f"{prefix}-*"):
         shutil.rmtree(folder, ignore_errors=True)
-    if _delete(run, ["ip", "link", "del", f"{prefix}br"]):
-        removed.append(f"{prefix}br")
+    # A namespace outlives its name while anything still holds it, and its veth with it.
+    links = [name for name in _links(run) if re.fullmatch(rf"{prefix}(v\d+|br)", name)]
+    removed += [link for link in links if _delete(run, ["ip", "link", "del", link])]
     return removed
 
 
 def _namespaces(run: Runner) -> list[str]:
     listing = json.loads(run(["ip", "-j", "netns", "list"]) or "[]")
     return [str(entry["name"]) for entry in listing]
+
+
+def _links(run: Runner) -> list[str]:
+    listing = json.loads(run(["ip", "-j", "link", "show"]) or "[]")
+    return [str(entry["ifname"]) for entry in listing]
 
 
 def _kill_pods_processes(run: Runner, namespace: str) -> None:

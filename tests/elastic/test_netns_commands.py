@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 from pathlib import Path
 
 import pytest
@@ -149,11 +150,13 @@ def test_host_routes_reads_iproute2_json() -> None:
 
 def test_remove_stale_clears_only_this_prefix(tmp_path: Path) -> None:
     listing = '[{"name":"pds5000-decode-0"},{"name":"pds50001-decode-0"},{"name":"other"}]'
-    run = Recorder(outputs={"ip -j netns list": listing})
+    names = ["pds5000v3", "pds5000br", "pds50001v1", "eth0"]
+    links = json.dumps([{"ifname": name} for name in names])
+    run = Recorder(outputs={"ip -j netns list": listing, "ip -j link show": links})
     (tmp_path / "pds5000-decode-0").mkdir()
     (tmp_path / "pds50001-decode-0").mkdir()
     removed = remove_stale("pds5000", run, tmp_path)
-    assert removed == ["pds5000-decode-0", "pds5000br"]
+    assert removed == ["pds5000-decode-0", "pds5000v3", "pds5000br"]
     assert "ip netns del pds50001-decode-0" not in run.commands
     assert [folder.name for folder in tmp_path.iterdir()] == ["pds50001-decode-0"]
 
