@@ -93,10 +93,15 @@ class Process:
     port: int
     metrics_port: int
     popen: subprocess.Popen[bytes] = field(compare=False)
+    host: str = HOST  # its own pod's address under `pdserve up --netns`
 
     @property
     def address(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
 
 
 class Cluster:
@@ -141,69 +146,16 @@ class Cluster:
     def _spawn(self, role: str, index: int, offset: int, extra: list[str]) -> None:
         spec = self.spec
         port, metrics_port = spec.base_port + offset, spec.metrics_base_port + offset
-        command = [
-            sys.executable,
-            "-m",
-            "pdserve",
-            role,
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--metrics-port",
-            str(metrics_port),
-            "--model",
-            str(spec.model_dir),
-            "--drain-grace-seconds",
-            str(spec.drain_grace_seconds),
-            *(spec.tls.args(role) if spec.tls is not None else []),
-            *extra,
-        ]
-        output: int | BinaryIO = subprocess.DEVNULL
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{role}-{index}.log", "wb")  # noqa: SIM115 (lives with the child)
-        env = {**os.environ, **dict(spec.env)}
-        cpus = next((p.cpus for p in spec.pins if (p.role, p.index) == (role, index)), None)
-        if cpus is not None:
-            env["OMP_NUM_THREADS"] = str(len(cpus))  # torch's intra-op threads = pinned CPUs
-        popen = subprocess.Popen(
-            command,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=env,
-            # In the child before exec, so every thread the worker ever starts inherits the mask.
-            preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
-        )
-        self.processes.append(Process(role, index, port, metrics_port, popen))
+        launch = Launch(role, index, HOST, port, metrics_port, tuple(extra))
+        self.processes.append(spawn(spec, launch, self.log_dir))
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Blocks until every process reports SERVING on its readiness name."""
-        deadline = time.monotonic() + timeout_s
-        for process in self.processes:
-            while not _is_ready(process, self.spec.tls):
-                if process.popen.poll() is not None:
-                    raise RuntimeError(
-                        f"{process.role}-{process.index} exited ({process.popen.returncode})"
-                    )
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{process.role}-{process.index} not ready in {timeout_s:.0f}s"
-                    )
-                time.sleep(0.2)
+        wait_ready(self.processes, self.spec.tls, timeout_s)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM everyone (graceful drain), then SIGKILL whoever is left."""
-        for process in self.processes:
-            if process.popen.poll() is None:
-                process.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for process in self.processes:
-            try:
-                process.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                process.popen.kill()
-                process.popen.wait()
+        stop_processes(self.processes, timeout_s)
 
     def __enter__(self) -> Cluster:
         self.start()
@@ -213,7 +165,89 @@ class Cluster:
         self.stop()
 
 
-def _is_ready(process: Process, tls: ClusterTls | None) -> bool:
+@dataclass(frozen=True)
+class Launch:
+    """One process to start: its role, where it serves, its flags beyond the shared ones."""
+
+    role: str  # router | prefill | decode
+    index: int
+    host: str
+    port: int
+    metrics_port: int
+    extra: tuple[str, ...]
+    prefix: tuple[str, ...] = ()  # what runs it (`ip netns exec NS` for a pod)
+    env: tuple[tuple[str, str], ...] = ()  # after the spec's
+
+
+def spawn(spec: ClusterSpec, launch: Launch, log_dir: Path | None) -> Process:
+    """Starts `pdserve ROLE` as `launch` says, its output in `log_dir/ROLE-INDEX.log`."""
+    role, index = launch.role, launch.index
+    command = [
+        *launch.prefix,
+        sys.executable,
+        "-m",
+        "pdserve",
+        role,
+        "--host",
+        launch.host,
+        "--port",
+        str(launch.port),
+        "--metrics-port",
+        str(launch.metrics_port),
+        "--model",
+        str(spec.model_dir),
+        "--drain-grace-seconds",
+        str(spec.drain_grace_seconds),
+        *(spec.tls.args(role) if spec.tls is not None else []),
+        *launch.extra,
+    ]
+    output: int | BinaryIO = subprocess.DEVNULL
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        output = open(log_dir / f"{role}-{index}.log", "wb")  # noqa: SIM115 (lives with the child)
+    env = {**os.environ, **dict(spec.env), **dict(launch.env)}
+    cpus = next((p.cpus for p in spec.pins if (p.role, p.index) == (role, index)), None)
+    if cpus is not None:
+        env["OMP_NUM_THREADS"] = str(len(cpus))  # torch's intra-op threads = pinned CPUs
+    popen = subprocess.Popen(
+        command,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        env=env,
+        # In the child before exec, so every thread the worker ever starts inherits the mask.
+        preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
+    )
+    return Process(role, index, launch.port, launch.metrics_port, popen, launch.host)
+
+
+def stop_processes(processes: list[Process], timeout_s: float) -> None:
+    """SIGTERM every process (graceful drain), then SIGKILL whoever is left after `timeout_s`."""
+    for process in processes:
+        if process.popen.poll() is None:
+            process.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.popen.kill()
+            process.popen.wait()
+
+
+def wait_ready(processes: list[Process], tls: ClusterTls | None, timeout_s: float) -> None:
+    """Blocks until every process reports SERVING on its readiness name."""
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        while not is_ready(process, tls):
+            if process.popen.poll() is not None:
+                raise RuntimeError(f"{process.name} exited ({process.popen.returncode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{process.name} not ready in {timeout_s:.0f}s")
+            time.sleep(0.2)
+
+
+def is_ready(process: Process, tls: ClusterTls | None) -> bool:
+    """Whether `process` answers SERVING on its readiness name now (one check, 1 s at most)."""
     address = process.address
     channel = grpc.insecure_channel(address) if tls is None else tls.channel(address)
     with channel:

@@ -1,19 +1,29 @@
-"""`pdserve up`: router + prefill + decode workers on 127.0.0.1 until Ctrl-C."""
+"""`pdserve up`: router + prefill + decode workers on 127.0.0.1 (or each in a pod of its own on a
+bridge, `--netns`) until Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
+import os
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.config import SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
+from pdserve.netns import LinkShaping, link_delay, link_rate
 from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy
+
+if TYPE_CHECKING:
+    from pdserve.cluster_status import ClusterStatus
+    from pdserve.pod_cluster import PodCluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--http-port", type=int, default=8000, help="router OpenAI HTTP port (0 = off)"
     )
     add_flag(parser, "--log-dir", Path, None, "write each process's log here (default: discard)")
+    add_flag(
+        parser,
+        "--drain-grace-seconds",
+        float,
+        ClusterSpec.drain_grace_seconds,
+        "how long each process may drain on SIGTERM (also a worker `pdserve scale` removes)",
+    )
     add_flag(
         parser,
         "--disagg-threshold",
@@ -77,6 +94,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         EngineConfig().num_speculative_tokens,
         "most drafted tokens each request verifies per step (with --speculative ngram)",
     )
+    group = parser.add_argument_group("pods on one machine (docs/elasticity.md)")
+    group.add_argument(
+        "--netns",
+        action="store_true",
+        help="every process in its own network namespace on a bridge (root), workers found "
+        "through DNS, KV over UCX on TCP; `pdserve scale` changes the worker counts",
+    )
+    group.add_argument(
+        "--link-rate",
+        type=link_rate,
+        default=None,
+        help="with --netns: each pod link's rate each way, in tc units (e.g. 1gbit)",
+    )
+    group.add_argument(
+        "--link-delay",
+        type=link_delay,
+        default=None,
+        help="with --netns: each pod link's added delay each way, in tc units (e.g. 1ms; "
+        "needs the kernel's netem qdisc)",
+    )
     parser.add_argument(
         "worker_args", nargs=argparse.REMAINDER, help="after --: engine flags for every worker"
     )
@@ -90,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if (args.placement == PlacementMode.ADAPTIVE.value or args.itl_slo) and args.profile is None:
         print("pdserve up: --placement adaptive and --itl-slo need --profile", file=sys.stderr)
+        return 2
+    shaping = LinkShaping(rate=args.link_rate, delay=args.link_delay)
+    if shaping.enabled and not args.netns:
+        print("pdserve up: --link-rate and --link-delay need --netns", file=sys.stderr)
+        return 2
+    if args.netns and os.geteuid() != 0:
+        print("pdserve up: --netns needs root (network namespaces, a bridge)", file=sys.stderr)
         return 2
     model_dir = resolve_model(args.model, args.model_cache)  # prepared once, before the workers
     worker_args = tuple(a for a in args.worker_args if a != "--")
@@ -117,10 +161,13 @@ def run(args: argparse.Namespace) -> int:
             *cost_args.router,
         ),
         http_port=args.http_port,
+        drain_grace_seconds=args.drain_grace_seconds,
     )
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.netns:
+        return _serve_pods(spec, shaping, args, stop)
     with Cluster(spec, args.log_dir) as cluster:
         print(f"starting {args.prefill} prefill + {args.decode} decode workers ...", flush=True)
         cluster.wait_ready()
@@ -137,6 +184,46 @@ def run(args: argparse.Namespace) -> int:
                 return 1
         print("stopping (draining in-flight requests) ...", flush=True)
     return 0
+
+
+def _serve_pods(
+    spec: ClusterSpec, shaping: LinkShaping, args: argparse.Namespace, stop: threading.Event
+) -> int:
+    """`pdserve up --netns`: the pods, their DNS and the scale endpoint, until Ctrl-C."""
+    from pdserve.pod_cluster import PodCluster  # dnslib: only under --netns
+    from pdserve.scale_control import ControlServer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        cluster = PodCluster(spec, shaping, args.log_dir)
+        control = ControlServer(spec.base_port, functools.partial(_answer_scale, cluster))
+    except OSError as error:
+        print(f"pdserve up: {error}", file=sys.stderr)
+        return 1
+    print(f"starting {args.prefill} prefill + {args.decode} decode workers in pods ...", flush=True)
+    try:
+        with cluster:
+            control.start()
+            print(f"ready: pdserve.v1.Generation on {cluster.router.address} (Ctrl-C stops)")
+            if args.http_port:
+                print(f"       OpenAI HTTP API on {cluster.http_url}/v1")
+            print(f"scale: pdserve scale --port {spec.base_port} --decode N", flush=True)
+            while not stop.wait(0.5):
+                if cluster.reconcile() is not None:
+                    print("the router exited; stopping", file=sys.stderr)
+                    return 1
+            print("stopping (draining in-flight requests) ...", flush=True)
+    except (RuntimeError, OSError) as error:  # NetnsError, a worker that failed to start, ...
+        print(f"pdserve up: {error}", file=sys.stderr)
+        return 1
+    finally:
+        control.close()
+    return 0
+
+
+def _answer_scale(cluster: PodCluster, desired: dict[str, int]) -> ClusterStatus:
+    """A status request (no counts) or a scale request, as `pdserve scale` sends them."""
+    return cluster.scale(desired) if desired else cluster.status()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
     pick decode -> Reserve ──fail(UNAVAILABLE | RESOURCE_EXHAUSTED)──> retry on another decode
                      │
     pick prefill -> Prefill ──fail(UNAVAILABLE | INTERNAL)──> Abort reservation, retry all
-                     │                                        (prefer untried workers)
+                     │                                        (prefer untried workers; when
+                     │                                        the decode worker is gone, the
+                     │                                        prefill worker stays healthy)
     hand-off: the prompt KV is in the decode worker's reserved blocks
 
 Every call gets the time left before the client's deadline as its timeout. A failure or cancel
@@ -117,7 +119,7 @@ class RemotePrefill:
             try:
                 prefill = None if chosen is None else chosen[1]
                 result = await self._prefill(
-                    request, descriptor, deadline, clock, tried_prefill, prefill
+                    request, descriptor, deadline, clock, tried_prefill, prefill, decode
                 )
             except BaseException:
                 self.aborts.later(decode, request.request_id)
@@ -164,6 +166,7 @@ class RemotePrefill:
         clock: RequestClock,
         tried: set[str],
         chosen: Worker[PrefillAsyncStub] | None,
+        decode: Worker[DecodeAsyncStub],
     ) -> prefill_pb2.PrefillResult:
         pool = self.registry.prefill
         worker = chosen or pool.pick(avoid=tried, prompt=request.prompt_token_ids)
@@ -184,6 +187,9 @@ class RemotePrefill:
             )
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
+                if await self._is_gone(decode):  # the KV had nowhere to go: not prefill's fault
+                    self.registry.decode.mark_unhealthy(decode)
+                    raise RetryableError(Tier.DECODE, error) from error
                 pool.mark_unhealthy(worker)
             if error.code() in _RETRY_PREFILL and pool.healthy_count() > 0:
                 raise RetryableError(Tier.PREFILL, error) from error
@@ -192,3 +198,15 @@ class RemotePrefill:
             pool.release(worker)
         clock.on_prefill_done(result.timings)
         return result
+
+    async def _is_gone(self, decode: Worker[DecodeAsyncStub]) -> bool:
+        """Whether the decode worker a Prefill was sending KV to refuses a Load now (a dead
+        process): then the Prefill's UNAVAILABLE was its transfer's, and the prefill worker is
+        as healthy as before."""
+        try:
+            await decode.stub.Load(
+                common_pb2.LoadRequest(), timeout=self.config.load_timeout_seconds
+            )
+        except grpc.aio.AioRpcError as error:
+            return error.code() == grpc.StatusCode.UNAVAILABLE
+        return False

@@ -45,6 +45,10 @@ class EngineLoop:
         self.engine = engine
         self._background = background
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Commands not yet run: a drain must wait for them too (a Prefill accepted just before
+        # SIGTERM is in no engine queue until its command has run).
+        self._queued = 0
+        self._queued_lock = threading.Lock()
         self._sinks: dict[str, Sink] = {}
         self._poll_interval_s = poll_interval_s
         self._stopped = threading.Event()
@@ -63,14 +67,22 @@ class EngineLoop:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(command())
-                except BaseException as error:  # the caller gets it
-                    future.set_exception(error)
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(command())
+                    except BaseException as error:  # the caller gets it
+                        future.set_exception(error)
+            finally:
+                self._count_queued(-1)
 
+        self._count_queued(+1)
         self._commands.put(run)
         return future
+
+    def _count_queued(self, change: int) -> None:
+        with self._queued_lock:
+            self._queued += change
 
     def subscribe(self, request_id: str, sink: Sink) -> None:
         """Routes the request's deltas to `sink` (call from the engine thread, e.g. in `call`)."""
@@ -91,7 +103,7 @@ class EngineLoop:
     def busy(self) -> bool:
         """Whether any request is still in flight here (for draining)."""
         background = self._background is not None and self._background.pending()
-        return background or self.engine.has_unfinished() or bool(self._sinks)
+        return background or self._queued > 0 or self.engine.has_unfinished() or bool(self._sinks)
 
     def _command_wait(self) -> float | None:
         """How long to wait for a command: not at all while the engine has work, briefly while

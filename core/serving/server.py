@@ -34,6 +34,11 @@ LIVENESS = ""
 _DRAIN_POLL_S = 0.05
 _FINAL_STOP_GRACE_S = 1.0
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # grpc's own receive default, now for sends too
+DRAIN_SECONDS = prometheus_client.Gauge(
+    "pdserve_drain_seconds",
+    "Seconds this process has been draining (since SIGTERM; 0 while serving): how long its "
+    "in-flight work is taking to finish or move",
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class ServiceHost:
         self.health_server = self._plain_health_server()
         enable_reflection([*service_names, health.SERVICE_NAME], self.server)
         self.draining = False
+        self._drain_started: float | None = None
+        self._drain_ended: float | None = None
+        DRAIN_SECONDS.set_function(self._drain_seconds)
         self._stop = asyncio.Event()
 
     def _plain_health_server(self) -> grpc.aio.Server | None:
@@ -106,6 +114,12 @@ class ServiceHost:
         mode = "plaintext" if config.tls is None else "TLS"
         log.info("serving %s on %s (%s)", self.readiness_name, address, mode)
 
+    def _drain_seconds(self) -> float:
+        started = self._drain_started
+        if started is None:
+            return 0.0
+        return (self._drain_ended or time.monotonic()) - started
+
     async def set_ready(self, ready: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
@@ -130,12 +144,15 @@ class ServiceHost:
         the grace period: calls that belong to it (a decode stream after its reservation) still
         arrive, which is why the server is not stopped until then."""
         self.draining = True
+        self._drain_started = time.monotonic()
         await self.set_ready(False)
         grace = self.config.drain_grace_seconds
         log.info("draining: up to %.0fs for in-flight work", grace)
-        deadline = time.monotonic() + grace
+        deadline = self._drain_started + grace
         while not is_idle() and time.monotonic() < deadline:
             await asyncio.sleep(_DRAIN_POLL_S)
+        self._drain_ended = time.monotonic()
+        log.info("drained in %.2f s (idle: %s)", self._drain_seconds(), is_idle())
         await self.server.stop(_FINAL_STOP_GRACE_S)
         if self.health_server is not None:
             await self.health_server.stop(None)

@@ -54,7 +54,7 @@ def wait_all_blocks_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
 
 def metric(process: Process, name: str) -> float:
     """The value of one unlabelled metric from the process's /metrics page."""
-    url = f"http://127.0.0.1:{process.metrics_port}/metrics"
+    url = f"http://{process.host}:{process.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as page:
         for line in page.read().decode().splitlines():
             if line.startswith(name + " "):
@@ -64,7 +64,7 @@ def metric(process: Process, name: str) -> float:
 
 def labelled_metric(process: Process, name: str, **labels: str) -> float:
     """The value of one labelled sample (0 when the labels were never counted)."""
-    url = f"http://127.0.0.1:{process.metrics_port}/metrics"
+    url = f"http://{process.host}:{process.metrics_port}/metrics"
     wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
     with urllib.request.urlopen(url, timeout=5) as page:
         for line in page.read().decode().splitlines():

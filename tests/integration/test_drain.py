@@ -1,4 +1,5 @@
-"""SIGTERM on a worker: it refuses new work, finishes the stream in flight, then exits cleanly."""
+"""SIGTERM on a worker: it refuses new work, finishes what it has in flight (a decode stream, a
+prefill tier's prompts), then exits cleanly."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.cluster import Process
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
 from .conftest import start_cluster
+from .helpers import greedy_outputs, load
 
 pytestmark = pytest.mark.integration
 
@@ -56,3 +59,39 @@ async def _reserve_status(address: str) -> grpc.StatusCode:
         except grpc.aio.AioRpcError as error:
             return error.code()
     return grpc.StatusCode.OK
+
+
+PREFILL_REQUESTS = 16
+
+
+def test_a_draining_prefill_worker_finishes_its_prefills(
+    model_dir: Path, tmp_path: Path, prompts: list[list[int]]
+) -> None:
+    """prefill-0 gets SIGTERM while prompts wait or run on it: every request still ends with
+    its undisturbed greedy output, and the worker exits 0 once idle, not at the grace's end."""
+    logs = tmp_path / "logs"
+    cluster = start_cluster(model_dir, logs, num_prefill=2, num_decode=1)
+    draining = cluster.prefill[0]
+    work = [prompts[4 + i % 4][i:] for i in range(PREFILL_REQUESTS)]  # 63..500 tokens, distinct
+    try:
+        undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens=8))
+
+        async def through_a_drain() -> list[list[int]]:
+            outputs = asyncio.ensure_future(greedy_outputs(cluster, work, max_tokens=8))
+            while not await asyncio.to_thread(_has_prompts, draining) and not outputs.done():
+                await asyncio.sleep(0.005)
+            assert not outputs.done(), "prefill-0 never had a prompt in flight"
+            draining.popen.send_signal(signal.SIGTERM)
+            return await outputs
+
+        assert asyncio.run(through_a_drain()) == undisturbed
+        assert draining.popen.wait(timeout=30) == 0
+        log = (logs / "prefill-0.log").read_text()
+        assert "(idle: True)" in log  # it finished its prompts; the grace did not cut them
+    finally:
+        cluster.stop()
+
+
+def _has_prompts(process: Process) -> bool:
+    reply = load(process)
+    return bool(reply.num_waiting or reply.num_running)

@@ -44,6 +44,32 @@ def test_prefill_unavailable_aborts_the_reservation_and_retries_elsewhere(
     asyncio.run(body())
 
 
+def test_a_prefill_whose_decode_worker_died_is_retried_on_another_decode_worker(
+    router_stack: Any,
+) -> None:
+    """The only prefill worker fails UNAVAILABLE because the decode worker it was sending KV to
+    was killed: the prefill worker is not blamed (it stays healthy) and the hand-off is done
+    again on the other decode worker."""
+
+    async def body() -> None:
+        async with router_stack(num_prefill=1, num_decode=2) as stack:
+            dying, other = stack.tiers.decode
+            other.knobs.load.num_waiting = 1  # so the router reserves on the dying one first
+            await stack.registry.poll()
+            dying.knobs.load_fails = True  # from now on it refuses, as a killed process does
+            prefill = stack.tiers.prefill[0]
+            lost = "UCXXConnectionResetError('Connection reset by remote peer')"
+            prefill.knobs.failures.append(Failure(grpc.StatusCode.UNAVAILABLE, lost))
+            request = build_request([1, 2], sampling=sampling(max_tokens=2), request_id="moved")
+            reply = await stack.client.generate(request, timeout=10)
+            assert list(reply.token_ids) == [FIRST_TOKEN_ID, 1]
+            assert (len(dying.reserves), len(other.reserves), len(prefill.calls)) == (1, 1, 2)
+            assert stack.registry.prefill.healthy_count() == 1
+            assert stack.registry.decode.healthy_count() == 1  # the dying one is out
+
+    asyncio.run(body())
+
+
 def test_retries_are_bounded_and_the_last_failure_reaches_the_client(router_stack: Any) -> None:
     async def body() -> None:
         async with router_stack(num_prefill=1, max_attempts=3) as stack:

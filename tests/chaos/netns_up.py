@@ -1,0 +1,158 @@
+"""`pdserve up --netns` as a user runs it (its own process, stopped with Ctrl-C), `pdserve scale`
+as a user calls it, and what a test reads of the pods: whether namespaces can be made here, a
+pod's link counters, the pids in a pod."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..integration.conftest import WORKER_ARGS, free_port_base
+
+READY = "ready: pdserve.v1.Generation on "
+HTTP = "OpenAI HTTP API on "
+
+
+def require_netns() -> None:
+    """Skips the calling test where pods cannot be made (asked once per session)."""
+    reason = netns_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@functools.cache
+def netns_unavailable() -> str | None:
+    """Why pods cannot be made on this machine, or None when they can."""
+    if os.geteuid() != 0:
+        return "pdserve up --netns needs root"
+    if shutil.which("ip") is None:
+        return "iproute2 (`ip`) is not installed"
+    probe = f"pdserve-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"`ip netns add` is not allowed here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], check=True)
+    return None
+
+
+class NetnsUp:
+    """One `pdserve up --netns`; its router's address is read from what it prints."""
+
+    def __init__(self, model_dir: Path, log_dir: Path, drain_grace_s: float) -> None:
+        self.port = free_port_base()
+        self.metrics_port = free_port_base()
+        command = [
+            sys.executable,
+            "-m",
+            "pdserve",
+            "up",
+            "--netns",
+            "--model",
+            str(model_dir),
+            "--port",
+            str(self.port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--http-port",
+            str(self.port + 1),
+            "--log-dir",
+            str(log_dir),
+            "--drain-grace-seconds",
+            str(drain_grace_s),
+            "--",
+            *WORKER_ARGS,
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip())
+
+    @property
+    def prefix(self) -> str:
+        return f"pds{self.port}"
+
+    def wait_ready(self, timeout_s: float = 300) -> str:
+        """The router's address, once `pdserve up` says it is ready."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if line.startswith(READY):
+                    return line.removeprefix(READY).split()[0]
+            if self.process.poll() is not None:
+                raise RuntimeError("pdserve up --netns exited:\n" + self.output())
+            time.sleep(0.2)
+        raise TimeoutError("pdserve up --netns not ready:\n" + self.output())
+
+    def http_url(self) -> str:
+        line = next(line for line in self.lines if HTTP in line)
+        return line.split(HTTP)[1].strip()
+
+    def scale(self, **counts: int) -> dict[str, Any]:
+        """`pdserve scale --port P --TIER N ... --json`: the status once the counts are reached."""
+        flags = [f"--{tier}={count}" for tier, count in counts.items()]
+        done = subprocess.run(
+            [sys.executable, "-m", "pdserve", "scale", "--port", str(self.port), "--json", *flags],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+        status: dict[str, Any] = json.loads(done.stdout)
+        return status
+
+    def stop(self) -> int:
+        """Ctrl-C; its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout=120)
+        self._reader.join(timeout=5)
+        return code
+
+    def output(self) -> str:
+        return "\n".join(self.lines[-60:])
+
+
+def namespaces() -> list[str]:
+    listing = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True)
+    return [str(entry["name"]) for entry in json.loads(listing.stdout or "[]")]
+
+
+def link_exists(name: str) -> bool:
+    shown = subprocess.run(["ip", "link", "show", name], capture_output=True)
+    return shown.returncode == 0
+
+
+def received_bytes(namespace: str, interface: str = "eth0") -> int:
+    """Bytes received on a pod's interface since it was made."""
+    shown = subprocess.run(
+        ["ip", "-n", namespace, "-j", "-s", "link", "show", interface],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(json.loads(shown.stdout)[0]["stats64"]["rx"]["bytes"])
+
+
+def pod_pids(namespace: str) -> list[int]:
+    listed = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True
+    )
+    return [int(pid) for pid in listed.stdout.split()]

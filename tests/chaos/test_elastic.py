@@ -1,0 +1,345 @@
+"""Elastic tiers under steady open-loop load, in pods (`pdserve up --netns`): decode 1 -> 3 -> 1
+and prefill 1 -> 2 -> 1 with `pdserve scale`, then a decode worker SIGKILLed instead of drained.
+Every request completes with exactly the undisturbed run's tokens, text, finish reason and usage
+(greedy and seeded sampling, gRPC and HTTP, stop-string look-ahead held back), new workers take
+traffic, removed ones drain and exit 0, KV reaches decode over its pod link, no block stays held,
+and nothing of the pod network is left once `pdserve up` stops.
+
+Skipped where network namespaces cannot be made (not root, no iproute2, a sandbox that forbids
+them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import openai
+import pytest
+
+from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.netns import NETNS_ETC
+from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+from .netns_up import NetnsUp, link_exists, namespaces, pod_pids, received_bytes, require_netns
+
+pytestmark = pytest.mark.integration
+
+MAX_TOKENS = 24
+NEVER = "@@ this never appears in the output @@"  # every stream holds text back for it
+ARRIVAL_INTERVAL_S = 0.3  # open loop: a new request every interval, whatever is in flight
+SETTLE_UNDER_LOAD_S = 4.0  # after each scale step: the new shape serves for a while
+DRAIN_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a request is, so that its outcome can be compared with the undisturbed run."""
+
+    prompt: int  # index into the prompts used
+    seeded: bool  # seeded sampling, else greedy
+    http: bool  # the OpenAI HTTP door, else gRPC streaming
+    stop: str = NEVER  # or a piece of the undisturbed text: the stream ends there
+
+    def sampling(self) -> SamplingParams:
+        if not self.seeded:
+            return SamplingParams(
+                max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, stop=[self.stop]
+            )
+        return SamplingParams(
+            max_tokens=MAX_TOKENS,
+            temperature=0.9,
+            top_p=0.95,
+            seed=1000 + self.prompt,
+            ignore_eos=True,
+            stop=[self.stop],
+        )
+
+
+BASE_KINDS = [
+    Kind(p, seeded, http) for p in range(4) for seeded in (False, True) for http in (False, True)
+]
+
+
+@dataclass
+class Outcome:
+    token_ids: list[int] = field(default_factory=list)  # gRPC only: HTTP streams carry text
+    text: str = ""
+    finish: str = ""
+    usage: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    up: NetnsUp
+    router: str
+    http_url: str
+    prompts: list[list[int]]
+    undisturbed: dict[Kind, Outcome]  # every kind the load sends, in turn
+
+    @property
+    def kinds(self) -> list[Kind]:
+        return list(self.undisturbed)
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]]
+) -> Iterator[Cluster]:
+    require_netns()
+    up = NetnsUp(model_dir, tmp_path_factory.mktemp("netns-logs"), DRAIN_GRACE_S)
+    try:
+        router = up.wait_ready()
+        work = prompts[3:7]  # 17..250 tokens
+        http_url = up.http_url()
+        yield Cluster(up, router, http_url, work, _undisturbed(router, http_url, work))
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    left = [n for n in namespaces() if n.startswith(f"{up.prefix}-")]
+    assert not left and not link_exists(f"{up.prefix}br"), f"left behind: {left}"
+    assert not NETNS_ETC.is_dir() or not list(NETNS_ETC.glob(f"{up.prefix}-*"))
+
+
+def _undisturbed(router: str, http_url: str, work: list[list[int]]) -> dict[Kind, Outcome]:
+    """Every base kind once; then, for the first two prompts, kinds whose stop string is a piece
+    from the middle of that text (a stop that matches, found by the worker holding the stream)."""
+    base = asyncio.run(_run_all(router, http_url, work, BASE_KINDS))
+    stopping = [
+        Kind(kind.prompt, kind.seeded, kind.http, _middle(outcome.text))
+        for kind, outcome in zip(BASE_KINDS, base, strict=True)
+        if kind.prompt < 2
+    ]
+    stopped = asyncio.run(_run_all(router, http_url, work, stopping))
+    assert all(o.finish in ("stop", "FINISH_REASON_STOP") for o in stopped), stopped
+    return dict(zip(BASE_KINDS + stopping, base + stopped, strict=True))
+
+
+def _middle(text: str) -> str:
+    middle = len(text) // 2
+    assert len(text) > 12, text
+    return text[middle : middle + 6]
+
+
+def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
+    steps: list[dict[str, int]] = [{"decode": 3}, {"prefill": 2}, {"decode": 1}, {"prefill": 1}]
+    seen: list[dict[str, Any]] = []
+
+    async def scale_steps() -> None:
+        for step in steps:
+            seen.append(await asyncio.to_thread(cluster.up.scale, **step))
+            await asyncio.sleep(SETTLE_UNDER_LOAD_S)
+            if step in ({"decode": 3}, {"prefill": 2}):  # every worker takes traffic
+                tier = next(iter(step))
+                assert all(_served(cluster, member) > 0 for member in _members(seen[-1], tier))
+
+    outcomes = asyncio.run(_under_load(cluster, scale_steps()))
+    _assert_as_undisturbed(cluster, outcomes)
+    decode_3, prefill_2, decode_1, prefill_1 = seen
+    assert [_ready(decode_3, "decode"), _ready(prefill_2, "prefill")] == [3, 2]
+    assert [_ready(decode_1, "decode"), _ready(prefill_1, "prefill")] == [1, 1]
+    for status, tier, count in ((decode_1, "decode", 2), (prefill_1, "prefill", 1)):
+        drained = [d for d in status["departures"] if d["name"].startswith(tier)]
+        assert len(drained) == count, status
+        for departure in drained:  # drained within its grace and exited cleanly
+            assert departure["exit_code"] == 0 and not departure["killed"], departure
+            assert departure["drain_seconds"] is not None, departure
+    _assert_blocks_free(cluster)
+    _assert_kv_crossed_the_pod_link(cluster)
+
+
+def test_a_killed_decode_worker_under_load_loses_nothing(cluster: Cluster) -> None:
+    async def kill_one() -> None:
+        status = await asyncio.to_thread(cluster.up.scale, decode=2)
+        await asyncio.sleep(SETTLE_UNDER_LOAD_S)
+        victim = max(_members(status, "decode"), key=lambda m: int(m["name"].split("-")[1]))
+        while not (await asyncio.to_thread(_load, victim)).num_running:
+            await asyncio.sleep(0.05)  # it has streams to lose
+        for pid in pod_pids(f"{cluster.up.prefix}-{victim['name']}"):
+            os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # `pdserve up` replaces it meanwhile
+
+    migrated_before = _router_metric(cluster, 'pdserve_router_migrations_total{outcome="migrated"}')
+    outcomes = asyncio.run(_under_load(cluster, kill_one()))
+    _assert_as_undisturbed(cluster, outcomes)
+    migrated = _router_metric(cluster, 'pdserve_router_migrations_total{outcome="migrated"}')
+    assert migrated > migrated_before  # streams of the killed worker moved on
+    status = cluster.up.scale(decode=1)
+    assert _ready(status, "decode") == 1
+    _assert_blocks_free(cluster)
+
+
+# --- load ---
+
+
+async def _under_load(cluster: Cluster, disturbance: Any) -> list[tuple[Kind, Outcome]]:
+    """Open-loop load (one request every ARRIVAL_INTERVAL_S, kinds in turn) for as long as
+    `disturbance` runs; every request's outcome."""
+    stop = asyncio.Event()
+    load = asyncio.ensure_future(_open_loop(cluster, stop))
+    try:
+        await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # streams in flight before the first step
+        await disturbance
+    finally:
+        stop.set()
+    return await load
+
+
+async def _open_loop(cluster: Cluster, stop: asyncio.Event) -> list[tuple[Kind, Outcome]]:
+    _enough_threads()
+    async with GenerationClient.connect(cluster.router) as client:
+        tasks: list[asyncio.Future[Outcome]] = []
+        kinds: list[Kind] = []
+        while not stop.is_set():
+            kind = cluster.kinds[len(tasks) % len(cluster.kinds)]
+            prompt = cluster.prompts[kind.prompt]
+            kinds.append(kind)
+            tasks.append(asyncio.ensure_future(_one(client, cluster.http_url, prompt, kind)))
+            await asyncio.sleep(ARRIVAL_INTERVAL_S)
+        return list(zip(kinds, await asyncio.gather(*tasks), strict=True))
+
+
+async def _run_all(
+    router: str, http_url: str, prompts: list[list[int]], kinds: list[Kind]
+) -> list[Outcome]:
+    _enough_threads()
+    async with GenerationClient.connect(router) as client:
+        return list(
+            await asyncio.gather(*(_one(client, http_url, prompts[k.prompt], k) for k in kinds))
+        )
+
+
+def _enough_threads() -> None:
+    """HTTP streams run in threads: enough for every one in flight, so arrivals stay open-loop
+    (the default pool has CPUs + 4)."""
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
+
+
+async def _one(client: GenerationClient, http_url: str, prompt: list[int], kind: Kind) -> Outcome:
+    if kind.http:
+        return await asyncio.to_thread(_http, http_url, prompt, kind.sampling())
+    outcome = Outcome()
+    request = build_request(prompt, sampling=kind.sampling())
+    async for chunk in client.generate_stream(request, timeout=300):
+        outcome.token_ids.extend(chunk.token_ids)
+        outcome.text += chunk.text
+        if chunk.finish_reason:
+            outcome.finish = common_pb2.FinishReason.Name(chunk.finish_reason)
+            outcome.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+    return outcome
+
+
+def _http(http_url: str, prompt: list[int], sampling: SamplingParams) -> Outcome:
+    outcome = Outcome()
+    with openai.OpenAI(base_url=http_url, api_key="unused", max_retries=0) as client:
+        chunks = client.completions.create(
+            model=client.models.list().data[0].id,
+            prompt=prompt,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p or 1.0,
+            seed=sampling.seed if sampling.HasField("seed") else None,
+            stop=list(sampling.stop),
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": sampling.ignore_eos},
+            timeout=300,
+        )
+        for chunk in chunks:
+            for choice in chunk.choices:
+                outcome.text += choice.text
+                outcome.finish = choice.finish_reason or outcome.finish
+            if chunk.usage is not None:
+                outcome.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+    return outcome
+
+
+# --- checks ---
+
+
+def _assert_as_undisturbed(cluster: Cluster, outcomes: list[tuple[Kind, Outcome]]) -> None:
+    assert len(outcomes) >= len(cluster.kinds)  # the load ran across the steps
+    different = [(k, o) for k, o in outcomes if o != cluster.undisturbed[k]]
+    assert not different, f"{len(different)} of {len(outcomes)} differ, first: {different[0]}"
+    running_out = [o for k, o in outcomes if not k.http and k.stop == NEVER]
+    assert all(len(o.token_ids) == MAX_TOKENS for o in running_out)
+
+
+def _members(status: dict[str, Any], tier: str) -> list[dict[str, Any]]:
+    return [m for m in status["members"] if m["tier"] == tier and m["state"] == "ready"]
+
+
+def _ready(status: dict[str, Any], tier: str) -> int:
+    return len(_members(status, tier))
+
+
+def _served(cluster: Cluster, member: dict[str, Any]) -> float:
+    """Tokens a decode worker streamed, or prompt tokens a prefill worker prefilled."""
+    tier = member["tier"]
+    name = (
+        "pdserve_decode_generated_tokens_total"
+        if tier == "decode"
+        else "pdserve_prefill_prompt_tokens_total"
+    )
+    host = member["address"].rsplit(":", 1)[0]
+    offset = 20 if tier == "decode" else 10
+    return _metric(f"http://{host}:{cluster.up.metrics_port + offset}/metrics", name)
+
+
+def _router_metric(cluster: Cluster, name: str) -> float:
+    host = cluster.router.rsplit(":", 1)[0]
+    return _metric(f"http://{host}:{cluster.up.metrics_port}/metrics", name)
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as page:
+        for line in page.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def _load(member: dict[str, Any]) -> common_pb2.LoadResponse:
+    stub_class = (
+        prefill_pb2_grpc.PrefillStub if member["tier"] == "prefill" else decode_pb2_grpc.DecodeStub
+    )
+    with grpc.insecure_channel(member["address"]) as channel:
+        reply: common_pb2.LoadResponse = stub_class(channel).Load(
+            common_pb2.LoadRequest(), timeout=5
+        )
+        return reply
+
+
+def _assert_blocks_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
+    status = cluster.up.scale()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        replies = {m["name"]: _load(m) for m in status["members"]}
+        held = {
+            name: r
+            for name, r in replies.items()
+            if r.num_free_blocks != r.num_total_blocks or r.num_running or r.num_waiting
+        }
+        if not held:
+            return
+        assert time.monotonic() < deadline, f"blocks still held: {held}"
+        time.sleep(0.1)
+
+
+def _assert_kv_crossed_the_pod_link(cluster: Cluster) -> None:
+    """The decode worker left received its prompts' KV on its pod's eth0 (UCX over TCP), not
+    over loopback or shared memory: its link saw at least as many bytes as UCX delivered."""
+    (decode,) = _members(cluster.up.scale(), "decode")
+    host = decode["address"].rsplit(":", 1)[0]
+    url = f"http://{host}:{cluster.up.metrics_port + 20}/metrics"
+    kv_bytes = _metric(url, "pdserve_decode_kv_received_bytes")
+    assert kv_bytes > 0
+    assert received_bytes(f"{cluster.up.prefix}-{decode['name']}") >= kv_bytes
