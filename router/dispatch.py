@@ -121,8 +121,13 @@ class Dispatcher:
         deadline: Deadline,
         left: list[str],
     ) -> tuple[Worker[DecodeAsyncStub], StartCall] | None:
-        """The worker and the call that continue a suspended stream, or None: re-prefill."""
-        moved = await self.live.move(request, emitted, suspended.source, deadline, left)
+        """The worker and the call that continue a suspended stream, or None: re-prefill. The
+        source's hold from its run lasts until the move is done: a draining worker already
+        gone from DNS keeps its channel open for Migrate."""
+        try:
+            moved = await self.live.move(request, emitted, suspended.source, deadline, left)
+        finally:
+            self.registry.decode.release(suspended.source)
         if moved is None:
             metrics.MIGRATIONS.labels("migrated").inc()
             return None
@@ -253,7 +258,8 @@ class Dispatcher:
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         """Decode's deltas until finished. The caller holds one `acquire` on `decode`, which
         this releases; a run that does not finish is aborted there, except a suspended one,
-        whose KV waits there for the live migration (StreamSuspended)."""
+        whose KV waits there for the live migration (StreamSuspended, which takes over the
+        hold)."""
         finished = suspended = False
         call: DecodeCall | None = None
         suspending: asyncio.Task[None] | None = None
@@ -277,9 +283,10 @@ class Dispatcher:
                 call.cancel()
             if suspending is not None and not suspending.done():
                 suspending.cancel()  # the stream ended first: nothing left to suspend
-            if not finished and not suspended:
-                self.aborts.later(decode, request_id)
-            self.registry.decode.release(decode)
+            if not suspended:
+                if not finished:
+                    self.aborts.later(decode, request_id)
+                self.registry.decode.release(decode)
 
     async def wait_aborts(self) -> None:
         """Waits for the background Aborts sent so far (tests, shutdown)."""
