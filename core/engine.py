@@ -54,6 +54,7 @@ class EngineStats:
     num_prefix_hit_tokens: int
     num_drafted_tokens: int  # speculative drafts verified since start
     num_accepted_tokens: int  # of which the target agreed with
+    num_window_freed_blocks: int  # blocks given back once out of every future sliding window
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -89,7 +90,7 @@ class LLMEngine:
         if swap is not None and device.type == "cuda":
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
-        self.scheduler = scheduler_class(config)
+        self.scheduler = scheduler_class(config, self.model_config.sliding_window)
         proposer = make_proposer(config)
         self.speculator = (
             Speculator(proposer, config.num_speculative_tokens) if proposer is not None else None
@@ -364,4 +365,5 @@ class LLMEngine:
             num_prefix_hit_tokens=kv_manager.num_prefix_hit_tokens,
             num_drafted_tokens=self.speculator.num_drafted_tokens if self.speculator else 0,
             num_accepted_tokens=self.speculator.num_accepted_tokens if self.speculator else 0,
+            num_window_freed_blocks=kv_manager.num_window_freed_blocks,
         )
