@@ -34,6 +34,7 @@ from pdserve.core.sampling_params import (
     sample_ids,
 )
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.sliding_window import max_live_blocks
 from pdserve.core.speculator import Speculator
 from pdserve.core.tokenizer import load_tokenizer
 
@@ -250,6 +251,12 @@ class LLMEngine:
                 f"context length of {context}",
             )
         needed = blocks_for(prompt_len + max_tokens, self.config.block_size)
+        window = self.model_config.sliding_window
+        if window is not None:  # it holds no more than a step's window, however long it grows
+            step = max_live_blocks(
+                window, self.config.block_size, self.config.max_num_batched_tokens
+            )
+            needed = min(needed, step)
         if needed > self.config.num_kv_blocks:
             raise InvalidRequestError(
                 "sampling.max_tokens",

@@ -37,10 +37,13 @@ def first_live_block(num_computed: int, window: int | None, block_size: int) -> 
     return first_visible_position(num_computed, window) // block_size
 
 
-def max_live_blocks(window: int, block_size: int) -> int:
-    """Most blocks a sliding-window sequence holds between steps: the W - 1 keys its next query
-    looks back at and the block that query writes into span at most this many blocks."""
-    return blocks_for(window, block_size) + 1
+def max_live_blocks(window: int, block_size: int, num_new: int = 1) -> int:
+    """Most blocks a sliding-window sequence holds while `num_new` tokens of it are computed (1:
+    a decode step, and between steps), however long it is: the W - 1 keys its first query looks
+    back at and the `num_new` positions written are consecutive, and m consecutive positions
+    touch at most blocks_for(m - 1) + 1 blocks. For a decode that is at most
+    ceil(W / block_size) + 1."""
+    return blocks_for(window + num_new - 2, block_size) + 1
 
 
 def live_blocks(block_ids: Sequence[int]) -> list[int]:

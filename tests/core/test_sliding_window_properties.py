@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
 from pdserve.core.sliding_window import live_blocks, max_live_blocks
@@ -37,7 +36,7 @@ class WindowRunner(FakeRunner):
     def execute(self, output: SchedulerOutput, chunks: Sequence[Chunk]) -> None:
         for chunk in chunks:
             held = len(live_blocks(chunk.request.block_ids))
-            span = blocks_for(self.window - 1 + chunk.num_new, self.block_size) + 1
+            span = max_live_blocks(self.window, self.block_size, chunk.num_new)
             assert held <= span, f"{chunk.request.request_id} holds {held} blocks, needs {span}"
         super().execute(output, chunks)
 
