@@ -19,6 +19,7 @@ registered in the prefix cache stay cached when freed: a block's hash is that of
 all before them, not of the blocks before it, so a later request with the same prefix may take
 the blocks of its own window back (`take_cached_prefix` looks only for those) even after the
 blocks before them were evicted.
+
 The prefix-cache counters live here too, so that every path that takes a cached prefix counts
 its hits the same way: `num_prefix_query_tokens` are the tokens of requests that looked, and
 `num_prefix_hit_tokens` those they found cached.
