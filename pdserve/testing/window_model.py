@@ -17,6 +17,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 MISTRAL = "mistral"
 QWEN2 = "qwen2"
@@ -55,19 +59,24 @@ def build_window_model(
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = _config(architecture, window, shape, len(tokenizer))
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    model.save_pretrained(str(staging))
-    tokenizer.save_pretrained(str(staging))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        staging.rename(target)  # whole or absent: a concurrent builder's folder wins
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)  # whole or absent
     except OSError:
-        shutil.rmtree(staging)
+        if not (target / "config.json").exists():  # else a concurrent builder's folder won
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
-def _config(architecture: str, window: int | None, shape: WindowModelShape, vocab: int) -> object:
+def _config(
+    architecture: str, window: int | None, shape: WindowModelShape, vocab: int
+) -> PretrainedConfig:
     from transformers import MistralConfig, Qwen2Config
 
     common = {
