@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -79,7 +79,7 @@ def _config(
 ) -> PretrainedConfig:
     from transformers import MistralConfig, Qwen2Config
 
-    common = {
+    common: dict[str, Any] = {
         "vocab_size": vocab,
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,

@@ -37,7 +37,7 @@ def tiers(window_model_dir: Path) -> Tiers:
     decode = DecodeEngine(
         window_model_dir,
         EngineConfig(num_kv_blocks=32),
-        lambda cache: LocalKVReceiver(hub, cache, 4),
+        lambda cache: LocalKVReceiver(hub, cache, 2),  # layer-wise: one piece per layer
     )
     return Tiers(prefill, decode)
 
