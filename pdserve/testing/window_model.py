@@ -55,6 +55,9 @@ def build_window_model(
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # a bench's output stays its table
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = _config(architecture, window, shape, len(tokenizer))
