@@ -236,13 +236,15 @@ class KVCacheManager:
     # -- swap --------------------------------------------------------------------------------
 
     def swap_out(self, request: Request, sources: list[int]) -> list[BlockPair] | None:
-        """Moves a running request's blocks to the swap pool: `sources` (its table, with the
-        source of a copy this step cancelled in place of the copy) pair with new swap blocks
-        and its device blocks are freed. Slots that slid out of the window move nothing; the
-        table keeps them (`NULL_BLOCK`) so that swap-in puts the blocks back in their slots.
-        None, and nothing changed, when the swap pool lacks room."""
+        """Moves a running request's blocks in use to the swap pool: `sources` (its table, with
+        the source of a copy this step cancelled in place of the copy) pair with new swap blocks
+        and its device blocks are freed. Only the blocks of its computed tokens move: not those
+        it grew into this step before it was preempted (nothing was written there), nor the
+        slots that slid out of the window, which the table keeps (`NULL_BLOCK`) so that swap-in
+        puts the blocks back in their slots. None, and nothing changed, when the swap pool lacks
+        room."""
         slid = num_null_slots(request.block_ids)
-        moving = sources[slid:]
+        moving = sources[slid : blocks_for(request.num_computed_tokens, self.block_size)]
         swap_ids = self.swap_pool.allocate(len(moving))
         if swap_ids is None:
             return None
