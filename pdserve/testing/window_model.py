@@ -57,7 +57,7 @@ def build_window_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
-    logging.disable_progress_bar()  # a bench's output stays its table
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a bench prints its table only
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = _config(architecture, window, shape, len(tokenizer))
