@@ -50,6 +50,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "transfer": ("pdserve.bench.micro.transfer", "KV transfer over UCX vs gRPC, vs ucx_perftest"),
     "prefix-cache": ("pdserve.bench.micro.prefix_cache", "prefix cache off vs on, shared prompt"),
     "kv-int8": ("pdserve.bench.micro.kv_int8", "int8 KV cache: quality, capacity, speed"),
+    "sliding-window": (
+        "pdserve.bench.micro.sliding_window",
+        "sliding window vs full attention: KV bytes per transfer, blocks per sequence",
+    ),
     "precision": (
         "pdserve.bench.micro.precision",
         "opt-in weight precisions: quality and batch-1 speed",

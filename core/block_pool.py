@@ -108,11 +108,15 @@ class BlockPool:
         """The blocks holding the longest cached prefix of `hashes` (no reference taken)."""
         ids: list[int] = []
         for block_hash in hashes:
-            block_id = self._block_of.get(block_hash)
+            block_id = self.cached_block(block_hash)
             if block_id is None:
                 break
             ids.append(block_id)
         return ids
+
+    def cached_block(self, block_hash: BlockHash) -> int | None:
+        """The block holding the prefix `block_hash`, if one does (no reference taken)."""
+        return self._block_of.get(block_hash)
 
     def take_cached(self, ids: list[int]) -> None:
         """Takes one reference on each cached block, owned or free (all or nothing)."""

@@ -34,6 +34,7 @@ from pdserve.core.sampling_params import (
     sample_ids,
 )
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.sliding_window import max_live_blocks
 from pdserve.core.speculator import Speculator
 from pdserve.core.tokenizer import load_tokenizer
 
@@ -54,6 +55,7 @@ class EngineStats:
     num_prefix_hit_tokens: int
     num_drafted_tokens: int  # speculative drafts verified since start
     num_accepted_tokens: int  # of which the target agreed with
+    num_window_freed_blocks: int  # blocks given back once out of every future sliding window
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -89,7 +91,7 @@ class LLMEngine:
         if swap is not None and device.type == "cuda":
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
         self.runner = ModelRunner(model, kv_cache, swap)
-        self.scheduler = scheduler_class(config)
+        self.scheduler = scheduler_class(config, self.model_config.sliding_window)
         proposer = make_proposer(config)
         self.speculator = (
             Speculator(proposer, config.num_speculative_tokens) if proposer is not None else None
@@ -249,6 +251,12 @@ class LLMEngine:
                 f"context length of {context}",
             )
         needed = blocks_for(prompt_len + max_tokens, self.config.block_size)
+        window = self.model_config.sliding_window
+        if window is not None:  # it holds no more than a step's window, however long it grows
+            step = max_live_blocks(
+                window, self.config.block_size, self.config.max_num_batched_tokens
+            )
+            needed = min(needed, step)
         if needed > self.config.num_kv_blocks:
             raise InvalidRequestError(
                 "sampling.max_tokens",
@@ -364,4 +372,5 @@ class LLMEngine:
             num_prefix_hit_tokens=kv_manager.num_prefix_hit_tokens,
             num_drafted_tokens=self.speculator.num_drafted_tokens if self.speculator else 0,
             num_accepted_tokens=self.speculator.num_accepted_tokens if self.speculator else 0,
+            num_window_freed_blocks=kv_manager.num_window_freed_blocks,
         )

@@ -9,6 +9,17 @@ into the pools to change them; the pools are public only to be read (gauges, loa
 A request's blocks are `request.block_ids` (device) and `request.swap_block_ids` (CPU), one
 reference each; a block two requests hold (a cached prefix, a fork's shared prompt) has two.
 After a speculative step, `roll_back` returns the blocks only rejected drafts used.
+
+With a sliding window (`core/sliding_window.py`) a request's table keeps only the blocks its next
+queries can see: `slide` hands the ones that fell out of the window back to the pool after every
+step and leaves `NULL_BLOCK` in their slots, so a request holds at most `max_live_blocks` blocks
+between steps however long it grows, a swap moves only those, and a reservation holds (and
+receives) only the prompt's blocks in the window of its first decode. Slid-out blocks that were
+registered in the prefix cache stay cached when freed: a block's hash is that of its tokens and
+all before them, not of the blocks before it, so a later request with the same prefix may take
+the blocks of its own window back (`take_cached_prefix` looks only for those) even after the
+blocks before them were evicted.
+
 The prefix-cache counters live here too, so that every path that takes a cached prefix counts
 its hits the same way: `num_prefix_query_tokens` are the tokens of requests that looked, and
 `num_prefix_hit_tokens` those they found cached.
@@ -19,13 +30,22 @@ from __future__ import annotations
 from pdserve.core.block_pool import BlockHash, BlockPool, blocks_for, chain_hashes
 from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request
+from pdserve.core.sliding_window import (
+    NULL_BLOCK,
+    first_live_block,
+    live_blocks,
+    num_null_slots,
+)
 
 BlockPair = tuple[int, int]  # (source block, destination block) of one copy
 
 
 class KVCacheManager:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, sliding_window: int | None = None) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window: must be None or >= 1, got {sliding_window}")
         self.block_size = config.block_size
+        self.sliding_window = sliding_window  # the model's (None: full attention)
         self.block_pool = BlockPool(config.num_kv_blocks, config.enable_prefix_caching)
         self.swap_pool = BlockPool(config.num_swap_blocks)
         self.cache_root: BlockHash = b""  # `block_pool.cache_root` of the model and layout
@@ -33,6 +53,7 @@ class KVCacheManager:
         self.num_prefix_query_tokens = 0
         self.num_prefix_hit_tokens = 0
         self.num_reused_blocks = 0  # prompt blocks reservations found cached: they never traveled
+        self.num_window_freed_blocks = 0  # blocks `slide` gave back: out of every future window
 
     # -- prefix cache ------------------------------------------------------------------------
 
@@ -44,11 +65,28 @@ class KVCacheManager:
         if not self.block_pool.enable_caching:
             return 0
         usable = (request.target_tokens - 1) // self.block_size
-        block_ids = self.block_pool.cached_prefix(self._block_hashes(request)[:usable])
-        self.block_pool.take_cached(block_ids)
-        request.block_ids = block_ids
-        request.num_computed_tokens = len(block_ids) * self.block_size
+        hashes = self._block_hashes(request)[:usable]
+        if self.sliding_window is None:
+            table = self.block_pool.cached_prefix(hashes)
+        else:
+            table = self._cached_window(hashes)
+        self.block_pool.take_cached(live_blocks(table))
+        request.block_ids = table
+        request.num_computed_tokens = len(table) * self.block_size
         return request.num_computed_tokens
+
+    def _cached_window(self, hashes: list[BlockHash]) -> list[int]:
+        """The table of the longest prefix of `hashes` whose blocks in the window of the next
+        query are all cached: `NULL_BLOCK` before that window, the cached blocks in it."""
+        found = [self.block_pool.cached_block(block_hash) for block_hash in hashes]
+        for num_blocks in range(len(found), 0, -1):
+            first = first_live_block(
+                num_blocks * self.block_size, self.sliding_window, self.block_size
+            )
+            in_window = found[first:num_blocks]
+            if all(block_id is not None for block_id in in_window):
+                return [NULL_BLOCK] * first + [b for b in in_window if b is not None]
+        return []
 
     def count_prefix_query(self, request: Request) -> None:
         """Counts a request that took its cached prefix (`take_cached_prefix`) and stays: all its
@@ -64,7 +102,9 @@ class KVCacheManager:
         if filled > filled_before and self.block_pool.enable_caching:
             hashes = self._block_hashes(request)
             for index in range(filled_before, filled):
-                self.block_pool.register(request.block_ids[index], hashes[index])
+                block_id = request.block_ids[index]
+                if block_id != NULL_BLOCK:  # a reservation's slot before the window: never held
+                    self.block_pool.register(block_id, hashes[index])
 
     def _block_hashes(self, request: Request) -> list[BlockHash]:
         hashes = request.block_hashes
@@ -76,8 +116,15 @@ class KVCacheManager:
     def allocate_prompt(self, request: Request) -> bool:
         """Blocks for a fresh request's whole prompt (and the output it resumes after, for a
         migrated one), or nothing: its cached leading blocks by reference (at most all but the
-        last token's, so at least that block travels) and new ones for the rest."""
+        last token's, so at least that block travels) and new ones for the rest. With a sliding
+        window it holds only the blocks in the window of the first decode: `NULL_BLOCK` before."""
         self.take_cached_prefix(request)
+        first = first_live_block(request.num_tokens, self.sliding_window, self.block_size)
+        if len(request.block_ids) <= first:  # every cached block lies before that window
+            self.free_for_recompute(request)
+        else:
+            self._release_before(request, first)
+        request.block_ids.extend([NULL_BLOCK] * (first - len(request.block_ids)))
         needed = blocks_for(request.num_tokens, self.block_size)
         fresh = self.block_pool.allocate(needed - len(request.block_ids))
         if fresh is None:
@@ -88,8 +135,13 @@ class KVCacheManager:
 
     def count_reservation(self, request: Request) -> None:
         """A reservation stands: its cached blocks are prefix hits that never travel."""
-        self.num_reused_blocks += request.num_computed_tokens // self.block_size
+        cached = request.block_ids[: request.num_computed_tokens // self.block_size]
+        self.num_reused_blocks += len(live_blocks(cached))
         self.count_prefix_query(request)
+
+    def num_slid_blocks(self, request: Request) -> int:
+        """Leading blocks of the request's table that slid out of the window (none held)."""
+        return num_null_slots(request.block_ids)
 
     # -- growth ------------------------------------------------------------------------------
 
@@ -131,7 +183,7 @@ class KVCacheManager:
 
     def share(self, leader: Request, fork: Request) -> None:
         """`fork` takes a reference on each of `leader`'s blocks (n > 1: one prompt's samples)."""
-        self.block_pool.share(leader.block_ids)
+        self.block_pool.share(live_blocks(leader.block_ids))
         fork.block_ids = list(leader.block_ids)
 
     def roll_back(self, request: Request) -> None:
@@ -148,11 +200,30 @@ class KVCacheManager:
 
     # -- freeing -----------------------------------------------------------------------------
 
+    def slide(self, request: Request) -> None:
+        """Gives back the blocks no future query of the request can see (its computed tokens
+        moved the window past them); a no-op without a sliding window."""
+        if self.sliding_window is not None:
+            first = first_live_block(
+                request.num_computed_tokens, self.sliding_window, self.block_size
+            )
+            self.num_window_freed_blocks += self._release_before(request, first)
+
+    def _release_before(self, request: Request, first: int) -> int:
+        """Frees the request's blocks before table index `first`, leaving `NULL_BLOCK`; how
+        many. Oldest first: the cache evicts in the order of freeing."""
+        slots = range(num_null_slots(request.block_ids), min(first, len(request.block_ids)))
+        released = [request.block_ids[index] for index in slots]
+        self.block_pool.free(released)
+        for index in slots:
+            request.block_ids[index] = NULL_BLOCK
+        return len(released)
+
     def free(self, request: Request) -> None:
         """Drops the request's reference on each of its device and swap blocks. Device blocks
         go last first: the cache evicts in the order of freeing, and a prefix's tail is the
         part other requests are least likely to share."""
-        self.block_pool.free(request.block_ids[::-1])
+        self.block_pool.free(live_blocks(request.block_ids)[::-1])
         request.block_ids = []
         self.swap_pool.free(request.swap_block_ids)
         request.swap_block_ids = []
@@ -165,15 +236,22 @@ class KVCacheManager:
     # -- swap --------------------------------------------------------------------------------
 
     def swap_out(self, request: Request, sources: list[int]) -> list[BlockPair] | None:
-        """Moves a running request's blocks to the swap pool: `sources` (its blocks, or the
-        source of a copy this step cancelled) pair with new swap blocks and its device blocks
-        are freed. None, and nothing changed, when the swap pool lacks room."""
-        swap_ids = self.swap_pool.allocate(len(request.block_ids))
+        """Moves a running request's blocks in use to the swap pool: `sources` (its table, with
+        the source of a copy this step cancelled in place of the copy) pair with new swap blocks
+        and its device blocks are freed. Only the blocks of its computed tokens move: not those
+        it grew into this step before it was preempted (nothing was written there), nor the
+        slots that slid out of the window, which the table keeps (`NULL_BLOCK`) so that swap-in
+        puts the blocks back in their slots. None, and nothing changed, when the swap pool lacks
+        room."""
+        slid = num_null_slots(request.block_ids)
+        moving = sources[slid : blocks_for(request.num_computed_tokens, self.block_size)]
+        swap_ids = self.swap_pool.allocate(len(moving))
         if swap_ids is None:
             return None
         self.free(request)
+        request.block_ids = [NULL_BLOCK] * slid
         request.swap_block_ids = swap_ids
-        return list(zip(sources, swap_ids, strict=True))
+        return list(zip(moving, swap_ids, strict=True))
 
     def swap_in(self, request: Request) -> list[BlockPair]:
         """Moves a swapped request's blocks back to new device blocks (`can_grow` counted
@@ -183,7 +261,7 @@ class KVCacheManager:
         assert device_ids is not None  # the caller checked can_grow
         pairs = list(zip(request.swap_block_ids, device_ids, strict=True))
         self._deferred_swap_frees.extend(request.swap_block_ids)
-        request.block_ids, request.swap_block_ids = device_ids, []
+        request.block_ids, request.swap_block_ids = request.block_ids + device_ids, []
         return pairs
 
     def release_swapped_in(self) -> None:

@@ -23,6 +23,7 @@ from pdserve.core.model.forward import CausalLM
 from pdserve.core.request import Request
 from pdserve.core.sampler import sample
 from pdserve.core.scheduler import SchedulerOutput
+from pdserve.core.sliding_window import readable_table
 from pdserve.core.spec_verify import verify_drafts
 from pdserve.kernels import copy_blocks
 
@@ -136,7 +137,7 @@ class ModelRunner:
 
     def _block_tables(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         width = max(-(-(c.start + c.num_new) // self.block_size) for c in chunks)
-        rows = [c.request.block_ids[:width] for c in chunks]
+        rows = [readable_table(c.request.block_ids[:width]) for c in chunks]
         return self._tensor([row + [0] * (width - len(row)) for row in rows], torch.int32)
 
     def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:

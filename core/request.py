@@ -44,6 +44,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    # Its block table, one slot per block of its tokens; with a sliding window the leading slots
+    # whose blocks slid out hold `sliding_window.NULL_BLOCK` (no block).
     block_ids: list[int] = field(default_factory=list)
     swap_block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0

@@ -13,7 +13,8 @@ prefill chunks and decodes share every step under one token budget. A step:
    the rest.
 
 After the forward, `record_computed` advances each request and registers the blocks it filled, so
-later requests (and its own recompute after a preemption) can reuse them.
+later requests (and its own recompute after a preemption) can reuse them; with a sliding window
+it also gives back the blocks no future query of the request can see (`KVCacheManager.slide`).
 
 Speculative decoding: a request may carry drafted tokens (`Request.draft_token_ids`, set by the
 engine's speculator before the step). Once everything else is scheduled, each request that
@@ -55,9 +56,9 @@ from pdserve.core.step_shape import StepShape
 class Scheduler:
     forks_samples = True  # n > 1: later samples fork from the first (Request.forks)
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, sliding_window: int | None = None) -> None:
         self.config = config
-        self.kv_manager = KVCacheManager(config)
+        self.kv_manager = KVCacheManager(config, sliding_window)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.swapped: list[Request] = []
@@ -206,10 +207,12 @@ class Scheduler:
     # -- after the forward -------------------------------------------------------------------
 
     def record_computed(self, request: Request, num_new: int) -> None:
-        """The forward wrote `num_new` more tokens of KV: blocks it filled join the cache."""
+        """The forward wrote `num_new` more tokens of KV: blocks it filled join the cache, and
+        blocks the window passed go back to the pool (in that order, so they stay cached)."""
         num_computed_before = request.num_computed_tokens
         request.num_computed_tokens += num_new
         self.kv_manager.cache_filled(request, num_computed_before)
+        self.kv_manager.slide(request)
         if request.forks and request.num_computed_tokens == request.fork_point:
             self._fork(request)
 

@@ -6,6 +6,8 @@ A request's path through decode (traced, as SGLang's disaggregation docs do):
    UCX receive. Leading prompt blocks this worker's prefix cache holds are taken by reference
    (as the scheduler does for a fresh request) and left out of the descriptor's `block_ids`:
    `num_cached_blocks` tells prefill not to send them, and the receive expects only the rest.
+   A sliding-window model's reservation holds no block before the window of its first decode
+   step either (`num_slid_blocks`: prefill sends none of those).
    Status WAITING_FOR_KV; the request is in no scheduler queue yet. The queue and its rules are
    `core/reservation_queue.py`'s, which the planner's simulator runs too.
 2. `start` (Decode.Generate): the router hands over prefill's first token. From now on `poll`
@@ -266,14 +268,17 @@ class DecodeEngine(LLMEngine):
         answers the caller; whether that worked (if not, the caller learns why)."""
         request = reservation.request
         num_cached = request.num_computed_tokens // self.config.block_size
+        num_slid = self.scheduler.kv_manager.num_slid_blocks(request)  # out of the window
         try:
             expected = self.receiver.expect(
-                request.request_id, request.block_ids[num_cached:], self.layout
+                request.request_id, request.block_ids[max(num_cached, num_slid) :], self.layout
             )
         except Exception as error:
             reservation.granted.set_exception(error)
             return False
-        descriptor = dataclasses.replace(expected, num_cached_blocks=num_cached)
+        descriptor = dataclasses.replace(
+            expected, num_cached_blocks=num_cached, num_slid_blocks=num_slid
+        )
         reservation.descriptor = descriptor
         reservation.since = time.monotonic()
         self._reserved[request.request_id] = reservation

@@ -99,11 +99,16 @@ def _prefill_one(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    num_blocks = -(-context_len // shape.block_size)
-    used_table = block_table[:num_blocks]
-    keys = readable(gather_blocks(k_cache, used_table)[:context_len], q.dtype).transpose(0, 1)
-    values = readable(gather_blocks(v_cache, used_table)[:context_len], q.dtype).transpose(0, 1)
     query_len = q.shape[0]
+    # Blocks wholly before the first query's window are neither gathered nor masked: a sliding
+    # window's block table may hold no real block there (core/sliding_window.py).
+    first_visible = 0 if sliding_window is None else context_len - query_len - sliding_window + 1
+    first_block = max(first_visible, 0) // shape.block_size
+    first_key = first_block * shape.block_size
+    used_table = block_table[first_block : -(-context_len // shape.block_size)]
+    num_keys = context_len - first_key
+    keys = readable(gather_blocks(k_cache, used_table)[:num_keys], q.dtype).transpose(0, 1)
+    values = readable(gather_blocks(v_cache, used_table)[:num_keys], q.dtype).transpose(0, 1)
     queries = q.transpose(0, 1)
     if query_len == context_len and sliding_window is None:
         # No earlier context: SDPA's own (top-left aligned) causal mask is the right one.
@@ -111,7 +116,7 @@ def _prefill_one(
             queries, keys, values, is_causal=True, scale=scale, enable_gqa=True
         )
     else:
-        mask = causal_mask(query_len, context_len, sliding_window, q.device)
+        mask = causal_mask(query_len, context_len, sliding_window, q.device, first_key)
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
         )
@@ -119,12 +124,16 @@ def _prefill_one(
 
 
 def causal_mask(
-    query_len: int, context_len: int, sliding_window: int | None, device: torch.device
+    query_len: int,
+    context_len: int,
+    sliding_window: int | None,
+    device: torch.device,
+    first_key: int = 0,
 ) -> torch.Tensor:
-    """`[query_len, context_len]`, True where query i (position context_len - query_len + i)
-    may attend to key j."""
+    """`[query_len, context_len - first_key]`, True where query i (position context_len -
+    query_len + i) may attend to key j (position first_key + j)."""
     query_pos = torch.arange(context_len - query_len, context_len, device=device).unsqueeze(1)
-    key_pos = torch.arange(context_len, device=device).unsqueeze(0)
+    key_pos = torch.arange(first_key, context_len, device=device).unsqueeze(0)
     visible = key_pos <= query_pos
     if sliding_window is not None:
         visible &= key_pos > query_pos - sliding_window

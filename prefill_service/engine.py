@@ -4,8 +4,9 @@ Prompts share steps under the token budget (long ones in chunks) exactly as in t
 the difference is what happens when a prompt completes. In the step where it completes, its
 transfer is opened before the forward pass, and each group of layers (one piece of the descriptor)
 is gathered and pushed over UCX into the blocks decode reserved as soon as the forward has written
-that group's K/V, so the wire time overlaps the rest of the forward (only the blocks after the
-`num_cached_blocks` decode holds already travel); `_append` (after sampling)
+that group's K/V, so the wire time overlaps the rest of the forward (only the blocks from the
+descriptor's `first_block` travel: not those decode holds already, nor, for a sliding-window
+model, those before the window of decode's first step); `_append` (after sampling)
 pushes whatever is left and frees the blocks (every push copies before it returns), and the
 caller's future resolves when decode has every piece.
 
@@ -29,6 +30,7 @@ from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.scheduler import SchedulerOutput
+from pdserve.core.sliding_window import first_live_block
 from pdserve.core.transfer.interface import (
     KVSenderLike,
     PieceSendLike,
@@ -103,8 +105,9 @@ class PrefillEngine(LLMEngine):
         return job.outcome
 
     def _check_blocks(self, num_tokens: int, destination: TransferDescriptor) -> None:
-        """Decode holds the first `num_cached_blocks` blocks; `block_ids` must be the rest, and
-        the block of the last prompt token always travels."""
+        """Decode holds the first `num_cached_blocks` blocks and needs none of the
+        `num_slid_blocks` before its window (this model's: the blocks this engine keeps);
+        `block_ids` must be the rest, and the block of the last prompt token always travels."""
         needed = blocks_for(num_tokens, self.config.block_size)
         cached = destination.num_cached_blocks
         if not 0 <= cached < needed:
@@ -112,11 +115,21 @@ class PrefillEngine(LLMEngine):
                 "destination.num_cached_blocks",
                 f"{cached} cached blocks for a {num_tokens}-token prompt (must be < {needed})",
             )
-        if len(destination.block_ids) != needed - cached:
+        slid = first_live_block(
+            num_tokens, self.model_config.sliding_window, self.layout.block_size
+        )
+        if destination.num_slid_blocks != slid:
+            raise InvalidRequestError(
+                "destination.num_slid_blocks",
+                f"{destination.num_slid_blocks} for a {num_tokens}-token prompt, but this "
+                f"model's sliding window ({self.model_config.sliding_window}) passes {slid}",
+            )
+        first = destination.first_block
+        if len(destination.block_ids) != needed - first:
             raise InvalidRequestError(
                 "destination.block_ids",
-                f"{len(destination.block_ids)} blocks for a {num_tokens}-token prompt with "
-                f"{cached} cached (needs {needed - cached})",
+                f"{len(destination.block_ids)} blocks for a {num_tokens}-token prompt from "
+                f"block {first} (needs {needed - first})",
             )
 
     def abort(self, request_id: str) -> None:
@@ -150,7 +163,7 @@ class PrefillEngine(LLMEngine):
     def _open(self, request_id: str) -> _Job:
         job, request = self._jobs[request_id], self.requests[request_id]
         try:
-            skipped = job.destination.num_cached_blocks  # decode holds these already
+            skipped = job.destination.first_block  # decode holds or needs none before it
             job.sending = self.sender.open(
                 job.destination,
                 self.runner.kv_cache,

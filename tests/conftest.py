@@ -98,3 +98,29 @@ def shared_prompts(prompts: list[list[int]]) -> list[list[int]]:
 def shared_hf_greedy(model_dir: Path, shared_prompts: list[list[int]]) -> list[list[int]]:
     """transformers' greedy SHARED_MAX_TOKENS tokens for each of `shared_prompts`."""
     return transformers_greedy(model_dir, shared_prompts, SHARED_MAX_TOKENS)
+
+
+# A sliding-window model (pdserve/testing/window_model.py), built once per session: its window is
+# two 16-token blocks, and it generates WINDOW_MAX_TOKENS, so every sequence slides past it.
+WINDOW = 32
+WINDOW_MAX_TOKENS = 48
+
+
+def _window_model(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, name: str, **kwargs: Any
+) -> Path:
+    from pdserve.testing.window_model import build_window_model
+
+    return build_window_model(tmp_path_factory.mktemp(name) / "model", tokenizer_dir, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def window_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small Mistral with a 32-token sliding window and fixed-seed weights."""
+    return _window_model(tmp_path_factory, model_dir, "mistral-w32", window=WINDOW)
+
+
+@pytest.fixture(scope="session")
+def window_hf_greedy(window_model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy WINDOW_MAX_TOKENS tokens of the sliding-window model per prompt."""
+    return transformers_greedy(window_model_dir, prompts, WINDOW_MAX_TOKENS)

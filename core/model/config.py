@@ -100,10 +100,33 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:
+    """The window every layer attends within, or None for full attention. One window for all
+    layers is what the model code does: a config whose layers mix the two is refused."""
     window = raw.get("sliding_window")
     if window is None or raw.get("use_sliding_window") is False:
         return None
+    kinds = set(_layer_types(raw))
+    if kinds == {"full_attention"}:
+        return None
+    if kinds != {"sliding_attention"}:
+        raise UnsupportedModelError(
+            f"model: layers mixing sliding-window and full attention are not supported "
+            f"(layer types {sorted(kinds)})"
+        )
     return int(window)
+
+
+def _layer_types(raw: dict[str, Any]) -> list[str]:
+    """Each layer's attention as transformers derives it: `layer_types` when the config lists
+    them (transformers 5), else Qwen2's rule (layers from `max_window_layers` on slide)."""
+    num_layers = int(raw["num_hidden_layers"])
+    if raw.get("layer_types"):
+        return [str(kind) for kind in raw["layer_types"]]
+    first_sliding = int(raw.get("max_window_layers", 0)) if raw.get("use_sliding_window") else 0
+    return [
+        "sliding_attention" if index >= first_sliding else "full_attention"
+        for index in range(num_layers)
+    ]
 
 
 def _eos_ids(model_dir: Path, raw: dict[str, Any]) -> tuple[int, ...]:

@@ -1,4 +1,5 @@
-"""Prefix-cache gauges, the same on both tiers (names in docs/contract.md)."""
+"""Gauges of the KV-cache manager, the same on both tiers (names in docs/contract.md): the prefix
+cache's, and the blocks a sliding window gave back."""
 
 from __future__ import annotations
 
@@ -24,3 +25,7 @@ def register_prefix_cache_gauges(tier: str, engine: LLMEngine) -> None:
     Gauge(f"{prefix}_evictions", "Cached blocks reused for other KV").set_function(
         lambda: pool.num_evictions
     )
+    Gauge(
+        f"pdserve_{tier}_sliding_window_freed_blocks",
+        "Blocks given back once out of every future query's sliding window",
+    ).set_function(lambda: kv_manager.num_window_freed_blocks)

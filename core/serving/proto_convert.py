@@ -59,6 +59,7 @@ def descriptor_to_proto(descriptor: TransferDescriptor) -> common_pb2.TransferDe
         transfer_token=descriptor.token,
         num_pieces=descriptor.num_pieces,
         num_cached_blocks=descriptor.num_cached_blocks,
+        num_slid_blocks=descriptor.num_slid_blocks,
     )
 
 
@@ -71,6 +72,7 @@ def descriptor_from_proto(message: common_pb2.TransferDescriptor) -> TransferDes
         token=message.transfer_token,
         num_pieces=message.num_pieces or 1,  # unset: one message, as before pieces existed
         num_cached_blocks=message.num_cached_blocks,
+        num_slid_blocks=message.num_slid_blocks,
     )
 
 

@@ -10,7 +10,9 @@ FAILED. The token in the descriptor is the only thing that lets bytes land in de
 What travels is whole blocks: `len(block_ids) * layout.block_nbytes` bytes, also for a prompt that
 fills its last block only partly. The counters count exactly those bytes. When decode already holds
 the prompt's first `num_cached_blocks` blocks (its prefix cache), `block_ids` are only the blocks
-after them: the transfer itself never sees the cached ones.
+after them: the transfer itself never sees the cached ones. A sliding-window model's decode needs
+no block before the window of its first decode step either (`num_slid_blocks`): what travels is
+the prompt's blocks from `first_block` on, holding positions `first_position` onwards.
 """
 
 from __future__ import annotations
@@ -65,6 +67,20 @@ class TransferDescriptor:
     # Leading prompt blocks decode holds already (its prefix cache): prefill sends its blocks
     # [num_cached_blocks:] into `block_ids`, nothing of the first ones.
     num_cached_blocks: int = 0
+    # Leading prompt blocks out of the sliding window of decode's first step: nobody reads them
+    # again, so decode holds none and prefill sends none (0 for a full-attention model).
+    num_slid_blocks: int = 0
+
+    @property
+    def first_block(self) -> int:
+        """Index in the prompt of the block `block_ids[0]` receives: the first that travels."""
+        return max(self.num_cached_blocks, self.num_slid_blocks)
+
+    @property
+    def first_position(self) -> int:
+        """The prompt position the first travelling block starts at; the blocks hold every
+        position from there to the end of the prompt."""
+        return self.first_block * self.layout.block_size
 
     @property
     def nbytes(self) -> int:

@@ -6,8 +6,9 @@ exactly those), so a block reused from the prefix cache passes only if its prefi
 A step applies the plan in the runner's order: all swap-out copies, then all swap-in copies, then
 the forward, which writes the KV of every scheduled token and then lets every scheduled request
 read positions 0 .. start + num_new - 1 through its block table (write_kv runs before attention in
-every layer, so all writes precede all reads). A read that does not find the request's own KV
-means a block was lost, wrongly shared or overwritten.
+every layer, so all writes precede all reads); with a sliding window W only those from
+start - W + 1 on, the positions its first query can see. A read that does not find the request's
+own KV means a block was lost, wrongly shared or overwritten.
 
 `Simulation` drives a scheduler the way LLMEngine does: arrivals and aborts between steps, then
 schedule, run, `record_computed`, one sampled token for each request that caught up, and
@@ -33,6 +34,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams, sample_ids
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.sliding_window import first_visible_position
 from pdserve.core.speculator import Speculator
 
 SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written
@@ -44,8 +46,9 @@ class KVMismatchError(AssertionError):
 
 
 class FakeRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, sliding_window: int | None = None) -> None:
         self.block_size = config.block_size
+        self.sliding_window = sliding_window
         self.device: list[list[SlotKV]] = _blocks(config.num_kv_blocks, config.block_size)
         self.swap: list[list[SlotKV]] = _blocks(config.num_swap_blocks, config.block_size)
 
@@ -68,7 +71,9 @@ class FakeRunner:
         for chunk in chunks:
             end = chunk.start + chunk.num_new
             request = chunk.request
-            self.check_holds(self.device, request, request.block_ids, end, chunk.drafts)
+            # A sliding window's queries read from the first one's window on (the kernels too).
+            first = first_visible_position(chunk.start, self.sliding_window)
+            self.check_holds(self.device, request, request.block_ids, end, chunk.drafts, first)
 
     def check_holds(
         self,
@@ -77,11 +82,12 @@ class FakeRunner:
         block_ids: list[int],
         num_positions: int,
         drafts: Sequence[int] = (),
+        first: int = 0,
     ) -> None:
-        """Positions 0 .. num_positions - 1 of `request` (its tokens, then `drafts`), read
+        """Positions first .. num_positions - 1 of `request` (its tokens, then `drafts`), read
         through `block_ids`, are its own."""
         keys = prefix_keys(request, drafts)
-        for position in range(num_positions):
+        for position in range(first, num_positions):
             block = block_ids[position // self.block_size]
             found = memory[block][position % self.block_size]
             if found != keys[position]:
@@ -195,12 +201,13 @@ class Simulation:
         arrivals: Sequence[Arrival],
         scheduler_class: type[Scheduler] = Scheduler,
         speculator: Speculator | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         self.config = config
         self.speculator = speculator
         self.arrivals = list(arrivals)
-        self.scheduler = scheduler_class(config)
-        self.runner = FakeRunner(config)
+        self.scheduler = scheduler_class(config, sliding_window)
+        self.runner = FakeRunner(config, sliding_window)
         self.requests: dict[str, Request] = {}  # arrived and unfinished, by id
         self.all_requests: dict[str, Request] = {}
         self.finished: dict[str, Finish] = {}

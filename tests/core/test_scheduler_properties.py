@@ -19,6 +19,7 @@ from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import sample_ids
 from pdserve.core.scheduler import Scheduler
+from pdserve.core.sliding_window import NULL_BLOCK, first_visible_position, live_blocks
 from pdserve.core.static_scheduler import StaticScheduler
 from tests.core.sim import Arrival, Simulation, StepRecord
 
@@ -154,21 +155,30 @@ def check_state(sim: Simulation) -> None:
     for request in scheduler.waiting:
         assert not request.block_ids and not request.swap_block_ids, "a waiting request owns KV"
         assert request.num_computed_tokens == 0, "a recomputed request must start from 0"
+    window = runner.sliding_window
     for request in scheduler.running:
+        computed = request.num_computed_tokens
         assert not request.swap_block_ids
-        assert len(request.block_ids) >= blocks_for(request.num_computed_tokens, config.block_size)
-        runner.check_holds(runner.device, request, request.block_ids, request.num_computed_tokens)
+        assert len(request.block_ids) >= blocks_for(computed, config.block_size)
+        # With a sliding window only what the next query can see is checked (and kept).
+        first = first_visible_position(computed, window)
+        runner.check_holds(runner.device, request, request.block_ids, computed, first=first)
     for request in scheduler.swapped:
-        assert not request.block_ids
-        assert len(request.swap_block_ids) >= blocks_for(
-            request.num_computed_tokens, config.block_size
-        )
-        runner.check_holds(
-            runner.swap, request, request.swap_block_ids, request.num_computed_tokens
-        )
+        computed = request.num_computed_tokens
+        assert not live_blocks(request.block_ids), "a swapped request holds device blocks"
+        table = request.block_ids + request.swap_block_ids  # slid-out slots, then the moved
+        assert len(table) >= blocks_for(computed, config.block_size)
+        first = first_visible_position(computed, window)
+        runner.check_holds(runner.swap, request, table, computed, first=first)
     for request in scheduler.running:
-        assert len(set(request.block_ids)) == len(request.block_ids), "a block twice in one table"
-    device_ids = [block for request in scheduler.running for block in request.block_ids]
+        held = live_blocks(request.block_ids)
+        assert len(set(held)) == len(held), "a block twice in one table"
+        assert request.block_ids[: len(request.block_ids) - len(held)] == [NULL_BLOCK] * (
+            len(request.block_ids) - len(held)
+        ), "only leading slots slide out"
+    device_ids = [
+        block for request in scheduler.running for block in live_blocks(request.block_ids)
+    ]
     check_owned(scheduler.kv_manager.block_pool, device_ids)
     swap_ids = [block for request in scheduler.swapped for block in request.swap_block_ids]
     # Blocks read by this step's swap-ins stay owned until the next schedule() frees them.

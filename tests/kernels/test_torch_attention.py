@@ -117,3 +117,37 @@ def test_decode_in_several_length_buckets(window: int | None) -> None:
     assert len(plan.buckets) == (1 if window else 2)
     assert sorted(int(row) for bucket in plan.buckets for row in bucket.rows) == list(range(7))
     check_decode(paged_attention_decode, case, window)
+
+
+def test_blocks_before_the_window_are_never_read() -> None:
+    """A sliding window's table may hold no real block before the window (core/sliding_window.py):
+    poisoning every block wholly before the first query's window changes no output."""
+    window, block = 20, 16
+    contexts, chunks = [100, 77, 300, 40], [30, 1, 64, 1]
+    case = make_paged_case(contexts, HeadConfig(9, 3, 64, block), query_lens=chunks, seed=7)
+    assert case.query_start_loc is not None
+    common = (case.q, case.k_cache, case.v_cache, case.block_tables)
+    clean = paged_attention_prefill(
+        *common, case.query_start_loc, case.context_lens, case.scale, window
+    )
+    for seq, (context, chunk) in enumerate(zip(contexts, chunks, strict=True)):
+        first_block = (context - chunk - window + 1) // block
+        for block_id in case.block_tables[seq, :first_block].tolist():
+            case.k_cache[block_id] = float("nan")
+            case.v_cache[block_id] = float("nan")
+    poisoned = paged_attention_prefill(
+        *common, case.query_start_loc, case.context_lens, case.scale, window
+    )
+    torch.testing.assert_close(poisoned, clean)
+    decode_rows = case.query_start_loc[1].unsqueeze(0), case.query_start_loc[3].unsqueeze(0)
+    picked = torch.tensor([1, 3])
+    decoded = paged_attention_decode(
+        case.q[torch.cat(decode_rows)],
+        case.k_cache,
+        case.v_cache,
+        case.block_tables[picked],
+        case.context_lens[picked],
+        case.scale,
+        window,
+    )
+    torch.testing.assert_close(decoded, clean[torch.cat(decode_rows).long()])

@@ -35,8 +35,8 @@ from tests.planner.helpers import fixed_step_profile
 
 
 class RecordingScheduler(Scheduler):
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, sliding_window: int | None = None) -> None:
+        super().__init__(config, sliding_window)
         self.outputs: list[SchedulerOutput] = []
 
     def schedule(self) -> SchedulerOutput:
