@@ -372,7 +372,7 @@ class DecodeEngine(LLMEngine):
                 raise KVNotOnDeviceError(
                     f"request {request_id!r}: its KV was not all on the device; re-prefill it"
                 )
-            skipped = destination.num_cached_blocks  # the other worker holds these already
+            skipped = destination.first_block  # held there already, or out of the window
             computed = request.num_computed_tokens
             sending = send_whole(
                 self._kv_sender(),
