@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ..integration.conftest import WORKER_ARGS, free_port_base
+from ..integration.conftest import WORKER_ARGS, free_port_bases
 
 READY = "ready: pdserve.v1.Generation on "
 HTTP = "OpenAI HTTP API on "
@@ -50,8 +50,7 @@ class NetnsUp:
     """One `pdserve up --netns`; its router's address is read from what it prints."""
 
     def __init__(self, model_dir: Path, log_dir: Path, drain_grace_s: float) -> None:
-        self.port = free_port_base()
-        self.metrics_port = free_port_base()
+        self.port, self.metrics_port = free_port_bases(2)
         command = [
             sys.executable,
             "-m",

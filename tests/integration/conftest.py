@@ -15,14 +15,18 @@ WORKER_ARGS = ("--num-kv-blocks", "256", "--num-swap-blocks", "64")
 UCX_ENV = (("UCX_NET_DEVICES", "lo"), ("UCX_WARN_UNUSED_ENV_VARS", "n"))
 
 
-def free_port_base(span: int = 30) -> int:
-    """A base port whose whole span [base, base + span) is free right now."""
+def free_port_bases(count: int, span: int = 30) -> list[int]:
+    """`count` base ports whose spans [base, base + span) are disjoint and free right now.
+
+    One probe for all of them: bases probed one at a time can overlap (nothing holds a probed
+    port), and a worker then finds its port taken by another's metrics server."""
     for _ in range(100):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + span < 65000 and all(_is_free(base + offset) for offset in range(span)):
-            return base
+            first = probe.getsockname()[1]
+        total = count * span
+        if first + total < 65000 and all(_is_free(first + offset) for offset in range(total)):
+            return [first + index * span for index in range(count)]
     raise RuntimeError("no free port range")
 
 
@@ -49,12 +53,13 @@ def start_cluster(
 ) -> Cluster:
     """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable);
     `prefill_args` and `decode_args` follow `worker_args` on that tier's workers only."""
+    base_port, metrics_base_port = free_port_bases(2)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=num_prefill,
         num_decode=num_decode,
-        base_port=free_port_base(),
-        metrics_base_port=free_port_base(),
+        base_port=base_port,
+        metrics_base_port=metrics_base_port,
         worker_args=worker_args,
         prefill_args=prefill_args,
         decode_args=decode_args,

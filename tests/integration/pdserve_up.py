@@ -13,14 +13,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .conftest import UCX_ENV, WORKER_ARGS, free_port_base
+from .conftest import UCX_ENV, WORKER_ARGS, free_port_bases
 
 
 class PdserveUp:
     """One `pdserve up` process: router on `port`, its OpenAI HTTP door on `port + 1`."""
 
     def __init__(self, model_dir: Path, log_dir: Path) -> None:
-        self.port = free_port_base()
+        self.port, metrics_port = free_port_bases(2)
         command = [
             sys.executable,
             "-m",
@@ -31,7 +31,7 @@ class PdserveUp:
             "--port",
             str(self.port),
             "--metrics-port",
-            str(free_port_base()),
+            str(metrics_port),
             "--http-port",
             str(self.port + 1),
             "--log-dir",

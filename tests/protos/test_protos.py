@@ -111,6 +111,8 @@ def test_files_package_and_enum_prefixes(descriptor_set: descriptor_pb2.FileDesc
                 "Release": False,
                 "Abort": False,
                 "Load": False,
+                "Suspend": False,
+                "Migrate": False,
             },
         ),
     ],
