@@ -17,19 +17,19 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-import openai
 import pytest
 
-from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.client import GenerationClient, SamplingParams
 from pdserve.netns import NETNS_ETC
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 from .netns_up import NetnsUp, link_exists, namespaces, pod_pids, received_bytes, require_netns
+from .streams import Stream, stream_grpc, stream_http
 
 pytestmark = pytest.mark.integration
 
@@ -69,21 +69,13 @@ BASE_KINDS = [
 ]
 
 
-@dataclass
-class Outcome:
-    token_ids: list[int] = field(default_factory=list)  # gRPC only: HTTP streams carry text
-    text: str = ""
-    finish: str = ""
-    usage: tuple[int, int] = (0, 0)
-
-
 @dataclass(frozen=True)
 class Cluster:
     up: NetnsUp
     router: str
     http_url: str
     prompts: list[list[int]]
-    undisturbed: dict[Kind, Outcome]  # every kind the load sends, in turn
+    undisturbed: dict[Kind, Stream]  # every kind the load sends, in turn
 
     @property
     def kinds(self) -> list[Kind]:
@@ -109,7 +101,7 @@ def cluster(
     assert not NETNS_ETC.is_dir() or not list(NETNS_ETC.glob(f"{up.prefix}-*"))
 
 
-def _undisturbed(router: str, http_url: str, work: list[list[int]]) -> dict[Kind, Outcome]:
+def _undisturbed(router: str, http_url: str, work: list[list[int]]) -> dict[Kind, Stream]:
     """Every base kind once; then, for the first two prompts, kinds whose stop string is a piece
     from the middle of that text (a stop that matches, found by the worker holding the stream)."""
     base = asyncio.run(_run_all(router, http_url, work, BASE_KINDS))
@@ -136,10 +128,10 @@ def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
     async def scale_steps() -> None:
         for step in steps:
             seen.append(await asyncio.to_thread(cluster.up.scale, **step))
-            await asyncio.sleep(SETTLE_UNDER_LOAD_S)
             if step in ({"decode": 3}, {"prefill": 2}):  # every worker takes traffic
-                tier = next(iter(step))
-                assert all(_served(cluster, member) > 0 for member in _members(seen[-1], tier))
+                await _until_every_member_served(cluster, _members(seen[-1], next(iter(step))))
+            else:
+                await asyncio.sleep(SETTLE_UNDER_LOAD_S)
 
     outcomes = asyncio.run(_under_load(cluster, scale_steps()))
     _assert_as_undisturbed(cluster, outcomes)
@@ -180,7 +172,7 @@ def test_a_killed_decode_worker_under_load_loses_nothing(cluster: Cluster) -> No
 # --- load ---
 
 
-async def _under_load(cluster: Cluster, disturbance: Any) -> list[tuple[Kind, Outcome]]:
+async def _under_load(cluster: Cluster, disturbance: Any) -> list[tuple[Kind, Stream]]:
     """Open-loop load (one request every ARRIVAL_INTERVAL_S, kinds in turn) for as long as
     `disturbance` runs; every request's outcome."""
     stop = asyncio.Event()
@@ -193,10 +185,10 @@ async def _under_load(cluster: Cluster, disturbance: Any) -> list[tuple[Kind, Ou
     return await load
 
 
-async def _open_loop(cluster: Cluster, stop: asyncio.Event) -> list[tuple[Kind, Outcome]]:
+async def _open_loop(cluster: Cluster, stop: asyncio.Event) -> list[tuple[Kind, Stream]]:
     _enough_threads()
     async with GenerationClient.connect(cluster.router) as client:
-        tasks: list[asyncio.Future[Outcome]] = []
+        tasks: list[asyncio.Future[Stream]] = []
         kinds: list[Kind] = []
         while not stop.is_set():
             kind = cluster.kinds[len(tasks) % len(cluster.kinds)]
@@ -209,7 +201,7 @@ async def _open_loop(cluster: Cluster, stop: asyncio.Event) -> list[tuple[Kind, 
 
 async def _run_all(
     router: str, http_url: str, prompts: list[list[int]], kinds: list[Kind]
-) -> list[Outcome]:
+) -> list[Stream]:
     _enough_threads()
     async with GenerationClient.connect(router) as client:
         return list(
@@ -223,49 +215,19 @@ def _enough_threads() -> None:
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
 
 
-async def _one(client: GenerationClient, http_url: str, prompt: list[int], kind: Kind) -> Outcome:
+async def _one(client: GenerationClient, http_url: str, prompt: list[int], kind: Kind) -> Stream:
+    outcome = Stream()
     if kind.http:
-        return await asyncio.to_thread(_http, http_url, prompt, kind.sampling())
-    outcome = Outcome()
-    request = build_request(prompt, sampling=kind.sampling())
-    async for chunk in client.generate_stream(request, timeout=300):
-        outcome.token_ids.extend(chunk.token_ids)
-        outcome.text += chunk.text
-        if chunk.finish_reason:
-            outcome.finish = common_pb2.FinishReason.Name(chunk.finish_reason)
-            outcome.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-    return outcome
-
-
-def _http(http_url: str, prompt: list[int], sampling: SamplingParams) -> Outcome:
-    outcome = Outcome()
-    with openai.OpenAI(base_url=http_url, api_key="unused", max_retries=0) as client:
-        chunks = client.completions.create(
-            model=client.models.list().data[0].id,
-            prompt=prompt,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p or 1.0,
-            seed=sampling.seed if sampling.HasField("seed") else None,
-            stop=list(sampling.stop),
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": sampling.ignore_eos},
-            timeout=300,
-        )
-        for chunk in chunks:
-            for choice in chunk.choices:
-                outcome.text += choice.text
-                outcome.finish = choice.finish_reason or outcome.finish
-            if chunk.usage is not None:
-                outcome.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+        await asyncio.to_thread(stream_http, http_url, prompt, kind.sampling(), outcome)
+    else:
+        await stream_grpc(client, prompt, kind.sampling(), outcome)
     return outcome
 
 
 # --- checks ---
 
 
-def _assert_as_undisturbed(cluster: Cluster, outcomes: list[tuple[Kind, Outcome]]) -> None:
+def _assert_as_undisturbed(cluster: Cluster, outcomes: list[tuple[Kind, Stream]]) -> None:
     assert len(outcomes) >= len(cluster.kinds)  # the load ran across the steps
     different = [(k, o) for k, o in outcomes if o != cluster.undisturbed[k]]
     assert not different, f"{len(different)} of {len(outcomes)} differ, first: {different[0]}"
@@ -292,6 +254,19 @@ def _served(cluster: Cluster, member: dict[str, Any]) -> float:
     host = member["address"].rsplit(":", 1)[0]
     offset = 20 if tier == "decode" else 10
     return _metric(f"http://{host}:{cluster.up.metrics_port + offset}/metrics", name)
+
+
+async def _until_every_member_served(
+    cluster: Cluster, members: list[dict[str, Any]], timeout_s: float = 60.0
+) -> None:
+    """Waits for each new worker's first served token rather than a fixed time: on a busy
+    2-core host a worker can take several seconds from ready to its first request."""
+    deadline = time.monotonic() + timeout_s
+    idle = members
+    while idle and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        idle = [m for m in idle if await asyncio.to_thread(_served, cluster, m) <= 0]
+    assert not idle, f"served nothing {timeout_s:.0f} s after the scale step: {idle}"
 
 
 def _router_metric(cluster: Cluster, name: str) -> float:

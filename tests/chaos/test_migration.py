@@ -13,17 +13,16 @@ import asyncio
 import itertools
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import openai
 import pytest
 
-from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.client import GenerationClient, SamplingParams
 from pdserve.cluster import Cluster
 
 from ..integration.conftest import start_cluster
 from ..integration.helpers import labelled_metric, load
+from .streams import Stream, stream_grpc, stream_http
 
 pytestmark = pytest.mark.integration
 
@@ -33,24 +32,6 @@ TOKENS_BEFORE_KILL = 6
 # worker never released.
 NEVER = "@@ this never appears in the output @@"
 GRPC_STREAMS = 4  # the rest go through the HTTP door
-
-
-@dataclass
-class Stream:
-    """What one client saw."""
-
-    token_ids: list[int] = field(default_factory=list)  # gRPC only: HTTP streams carry text
-    text: str = ""
-    finish: str = ""
-    usage: tuple[int, int] = (0, 0)
-    chunk_times: list[float] = field(default_factory=list)
-
-    @property
-    def seen(self) -> int:
-        return len(self.chunk_times)
-
-    def outcome(self) -> tuple[list[int], str, str, tuple[int, int]]:
-        return self.token_ids, self.text, self.finish, self.usage
 
 
 def _sampling(index: int) -> SamplingParams:
@@ -87,7 +68,7 @@ def test_streams_survive_a_decode_worker_leaving(
         try:
             undisturbed = asyncio.run(_streams(cluster, work, None))
             moved = asyncio.run(_streams(cluster, work, how))
-            assert [s.outcome() for s in moved] == [s.outcome() for s in undisturbed]
+            assert moved == undisturbed
             assert all(len(s.token_ids) == MAX_TOKENS for s in undisturbed[:GRPC_STREAMS])
             worst_gap = max(_worst_gap(s) for s in moved)
             print(f"chaos {outcome} round {round_}: worst gap across the move {worst_gap:.2f} s")
@@ -112,61 +93,24 @@ async def _streams(
     """What every prompt's client saw; with `disturb`, decode-0 gets that signal once every
     stream has TOKENS_BEFORE_KILL chunks."""
     streams = [Stream() for _ in prompts]
+    http_url = cluster.http_url + "/v1"
     async with GenerationClient.connect(cluster.router.address) as client:
         tasks = [
-            asyncio.ensure_future(_grpc(client, prompts[i], _sampling(i), streams[i]))
+            asyncio.ensure_future(stream_grpc(client, prompts[i], _sampling(i), streams[i]))
             for i in range(GRPC_STREAMS)
         ]
         tasks += [
             asyncio.ensure_future(
-                asyncio.to_thread(_http, cluster, prompts[i], _sampling(i), streams[i])
+                asyncio.to_thread(stream_http, http_url, prompts[i], _sampling(i), streams[i])
             )
             for i in range(GRPC_STREAMS, len(prompts))
         ]
         if disturb is not None:
-            while min(s.seen for s in streams) < TOKENS_BEFORE_KILL:
+            while min(len(s.chunk_times) for s in streams) < TOKENS_BEFORE_KILL:
                 await asyncio.sleep(0.005)
             cluster.decode[0].popen.send_signal(disturb)
         await asyncio.gather(*tasks)
     return streams
-
-
-async def _grpc(
-    client: GenerationClient, prompt: list[int], sampling: SamplingParams, stream: Stream
-) -> None:
-    async for chunk in client.generate_stream(
-        build_request(prompt, sampling=sampling), timeout=300
-    ):
-        stream.chunk_times.append(time.monotonic())
-        stream.token_ids.extend(chunk.token_ids)
-        stream.text += chunk.text
-        if chunk.finish_reason:
-            stream.finish = str(chunk.finish_reason)
-            stream.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-
-
-def _http(cluster: Cluster, prompt: list[int], sampling: SamplingParams, stream: Stream) -> None:
-    with openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0) as c:
-        chunks = c.completions.create(
-            model=c.models.list().data[0].id,
-            prompt=prompt,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p or 1.0,  # unset in the proto means no filter
-            seed=sampling.seed if sampling.HasField("seed") else None,
-            stop=list(sampling.stop),
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": sampling.ignore_eos},
-            timeout=300,
-        )
-        for chunk in chunks:
-            stream.chunk_times.append(time.monotonic())
-            for choice in chunk.choices:
-                stream.text += choice.text
-                stream.finish = choice.finish_reason or stream.finish
-            if chunk.usage is not None:
-                stream.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
 
 
 def _worst_gap(stream: Stream) -> float:
