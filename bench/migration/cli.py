@@ -1,7 +1,8 @@
 """`pdserve bench migration`: what moving a stream off a decode worker costs, live vs re-prefill,
 and how long a decode worker takes to drain.
 
-    pdserve bench migration [--contexts 100,1000,4000] [--repeats 3] [--streams 1,4,8] [--json]
+    pdserve bench migration [--contexts 100,1000,4000] [--repeats 3] [--streams 1,4,8]
+                            [--netns [--link-rate RATE]] [--json]
 
 **Move stall.** For each context length L, repeat and mode, a fresh cluster (1 prefill and 2 decode
 workers) serves one stream: a prompt of L - 8 random ordinary tokens (drawn from a seed of the
@@ -17,9 +18,16 @@ the client sees: the time from the signal to the next token. Both modes must giv
 contexts; once each has 8 tokens, decode-0 (holding about half of them) gets SIGTERM, and
 `drain_s` is the time until its process exits: it moves its streams live and leaves.
 
+**The link.** By default the cluster runs on loopback. With `--netns` (root) each process runs in
+a pod of its own (`pdserve up --netns`'s `PodCluster`): KV crosses UCX over TCP on the pods'
+veth links, and `--link-rate` shapes each link with tc, so the cost of moving KV over a slower
+network shows against the cost of recomputing it. Re-prefill ships the same KV (prefill ->
+decode) on top of recomputing it, so the link slows both modes.
+
 With --json, one object per line: `{"context_tokens", "mode", "stall_s", "stall_ci",
-"repeats", "outputs_match"}` per context and mode, `{"streams", "drain_s", "moved_live",
-"exit_code"}` per K (seconds; `stall_ci` a 95 % Student-t interval of the mean).
+"repeats", "outputs_match", "link"}` per context and mode, `{"streams", "drain_s", "moved_live",
+"exit_code", "link"}` per K (seconds; `stall_ci` a 95 % Student-t interval of the mean; `link`
+is `loopback`, `netns` or `netns RATE`).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -45,6 +54,7 @@ from pdserve.bench.arg_types import positive_int, positive_ints
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster, ClusterSpec, Process
 from pdserve.core.model.source import resolve_model
+from pdserve.netns import LinkShaping, link_rate
 from pdserve.v1 import common_pb2, decode_pb2_grpc
 
 FIRST_ORDINARY_TOKEN = 100  # clear of the special tokens at the start of the vocabulary
@@ -60,6 +70,16 @@ METRICS_BASE_PORT = 50400
 STUDENT_T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
+class RunningCluster(Protocol):
+    """What this benchmark reads of a loopback `Cluster` or a `PodCluster`."""
+
+    @property
+    def router(self) -> Process: ...
+
+    @property
+    def decode(self) -> list[Process]: ...
+
+
 @dataclass(frozen=True)
 class StallRow:
     context_tokens: int
@@ -68,6 +88,7 @@ class StallRow:
     stall_ci: tuple[float, float]
     repeats: int
     outputs_match: bool
+    link: str
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,7 @@ class DrainRow:
     drain_s: float
     moved_live: int
     exit_code: int
+    link: str
 
 
 @dataclass
@@ -102,11 +124,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="running streams at the drain",
     )
     parser.add_argument("--seed", type=int, default=0, help="base seed of the prompts")
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="each process in a pod of its own (root): KV over UCX on TCP between pods",
+    )
+    parser.add_argument(
+        "--link-rate",
+        type=link_rate,
+        default=None,
+        help="with --netns: each pod link's rate each way, in tc units (e.g. 100mbit)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--log-dir", type=Path, help="keep the workers' logs here")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.link_rate is not None and not args.netns:
+        print("pdserve bench migration: --link-rate needs --netns", file=sys.stderr)
+        return 2
+    if args.netns and os.geteuid() != 0:
+        print("pdserve bench migration: --netns needs root", file=sys.stderr)
+        return 2
     model_dir = resolve_model(args.model)
     vocab_size = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     print(f"loadavg before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
@@ -129,14 +168,14 @@ def _stall_rows(
         prompt = _prompt(rng, context - TOKENS_BEFORE_MOVE, vocab_size)
         outputs = []
         for mode, how in MODES.items():
-            with _running(model_dir, args.log_dir, f"{mode}-{context}-{repeat}") as cluster:
+            with _running(args, model_dir, f"{mode}-{context}-{repeat}") as cluster:
                 stream, moved_at = asyncio.run(_moved_stream(cluster, [prompt], how))
                 outputs.append(stream[0].tokens)
                 after = [t for t in stream[0].times if t > moved_at]
                 stalls[mode].append(after[0] - moved_at)
         match = match and outputs[0] == outputs[1]
     return [
-        StallRow(context, mode, statistics.fmean(s), _interval(s), len(s), match)
+        StallRow(context, mode, statistics.fmean(s), _interval(s), len(s), match, _link(args))
         for mode, s in stalls.items()
     ]
 
@@ -145,15 +184,17 @@ def _drain_row(args: argparse.Namespace, model_dir: Path, vocab_size: int, count
     rng = random.Random(f"{args.seed}-drain-{count}")
     length = DRAIN_CONTEXT_TOKENS - TOKENS_BEFORE_MOVE
     prompts = [_prompt(rng, length, vocab_size) for _ in range(count)]
-    with _running(model_dir, args.log_dir, f"drain-{count}") as cluster:
+    with _running(args, model_dir, f"drain-{count}") as cluster:
         source = cluster.decode[0]
         before = _router_count(cluster, "live")
         drain_s = asyncio.run(_drained(cluster, prompts, source))
         moved = int(_router_count(cluster, "live") - before)
-        return DrainRow(count, drain_s, moved, source.popen.returncode)
+        return DrainRow(count, drain_s, moved, source.popen.returncode, _link(args))
 
 
-async def _drained(cluster: Cluster, prompts: list[tuple[int, ...]], source: Process) -> float:
+async def _drained(
+    cluster: RunningCluster, prompts: list[tuple[int, ...]], source: Process
+) -> float:
     """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, SIGTERM to `source`:
     the seconds until it exits."""
     streams = [Stream([], []) for _ in prompts]
@@ -172,7 +213,7 @@ async def _drained(cluster: Cluster, prompts: list[tuple[int, ...]], source: Pro
 
 
 async def _moved_stream(
-    cluster: Cluster, prompts: Sequence[tuple[int, ...]], how: signal.Signals
+    cluster: RunningCluster, prompts: Sequence[tuple[int, ...]], how: signal.Signals
 ) -> tuple[list[Stream], float]:
     """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, the decode worker holding
     the first gets `how`. Returns what the clients saw and when the signal went."""
@@ -216,7 +257,7 @@ async def _holder(workers: list[Process]) -> Process:
 
 
 @contextlib.contextmanager
-def _running(model_dir: Path, log_dir: Path | None, name: str) -> Iterator[Cluster]:
+def _running(args: argparse.Namespace, model_dir: Path, name: str) -> Iterator[RunningCluster]:
     """A fresh, ready cluster of 1 prefill and 2 decode workers, stopped on the way out."""
     spec = ClusterSpec(
         model_dir=model_dir,
@@ -227,9 +268,22 @@ def _running(model_dir: Path, log_dir: Path | None, name: str) -> Iterator[Clust
         env=UCX_ENV,
         drain_grace_seconds=120.0,
     )
-    with Cluster(spec, None if log_dir is None else log_dir / name) as cluster:
+    log_dir = None if args.log_dir is None else args.log_dir / name
+    if args.netns:
+        from pdserve.pod_cluster import PodCluster  # dnslib: only under --netns
+
+        with PodCluster(spec, LinkShaping(rate=args.link_rate), log_dir) as pods:
+            yield pods
+        return
+    with Cluster(spec, log_dir) as cluster:
         cluster.wait_ready()
         yield cluster
+
+
+def _link(args: argparse.Namespace) -> str:
+    if not args.netns:
+        return "loopback"
+    return "netns" if args.link_rate is None else f"netns {args.link_rate}"
 
 
 def _prompt(rng: random.Random, count: int, vocab_size: int) -> tuple[int, ...]:
@@ -244,8 +298,8 @@ def _interval(values: list[float]) -> tuple[float, float]:
     return mean - half, mean + half
 
 
-def _router_count(cluster: Cluster, outcome: str) -> float:
-    url = f"http://127.0.0.1:{cluster.router.metrics_port}/metrics"
+def _router_count(cluster: RunningCluster, outcome: str) -> float:
+    url = f"http://{cluster.router.host}:{cluster.router.metrics_port}/metrics"
     wanted = f'pdserve_router_migrations_total{{outcome="{outcome}"}} '
     with urllib.request.urlopen(url, timeout=5) as page:
         for line in page.read().decode().splitlines():

@@ -43,3 +43,20 @@ def test_interval_is_a_student_t_interval_of_the_mean() -> None:
     assert (low + high) / 2 == pytest.approx(2.0)
     assert high - low == pytest.approx(2 * 4.30 * 1.0 / 3**0.5)
     assert migration._interval([0.5]) == (0.5, 0.5)
+
+
+def test_link_rate_needs_netns(capsys: pytest.CaptureFixture[str]) -> None:
+    assert migration.run(_parse("--link-rate", "100mbit")) == 2
+    assert "--link-rate needs --netns" in capsys.readouterr().err
+
+
+def test_rows_name_their_link() -> None:
+    assert migration._link(_parse()) == "loopback"
+    assert migration._link(_parse("--netns")) == "netns"
+    assert migration._link(_parse("--netns", "--link-rate", "100mbit")) == "netns 100mbit"
+
+
+def test_a_link_rate_is_a_tc_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--netns", "--link-rate", "fast")
+    assert "--link-rate" in capsys.readouterr().err
