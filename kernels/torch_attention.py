@@ -1,7 +1,8 @@
 """Paged prefill attention in plain torch: the CPU serving path (decode: `torch_decode`).
 
 Prefill loops over the sequences of the step (there are few) with one SDPA call each; the
-one-token chunks of a mixed batch go through the bucketed decode together.
+one-token chunks of a mixed batch go through the bucketed decode together, and short chunks
+(a decode with its speculative drafts) through `torch_short_chunks` together.
 
 Sliding window `W`: a query at position `p` sees keys at positions `p - W < k <= p` (W keys
 including itself), the Hugging Face / Mistral convention.
@@ -22,6 +23,7 @@ from ._checks import (
 )
 from .kv_quant import readable
 from .torch_decode import decode_attention
+from .torch_short_chunks import MAX_SHORT_CHUNK_TOKENS, attend_short_chunks
 
 
 def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -72,6 +74,11 @@ def prefill_attention(
             sliding_window,
         )
     batched = set(one_token) if len(one_token) > 1 else set()
+    short = _short_chunks(query_lens, batched, sliding_window)
+    if len(short) > 1:  # decodes with their drafts: padded together (torch_short_chunks)
+        chunks = [(seq, starts[seq], query_lens[seq], lens_host[seq]) for seq in short]
+        attend_short_chunks(q, k_cache, v_cache, block_tables, chunks, scale, out)
+        batched.update(short)
     for seq in range(shape.num_seqs):
         if query_lens[seq] == 0 or seq in batched:
             continue
@@ -87,6 +94,19 @@ def prefill_attention(
             sliding_window,
         )
     return out
+
+
+def _short_chunks(
+    query_lens: list[int], batched: set[int], sliding_window: int | None
+) -> list[int]:
+    """Sequences whose chunk the short-chunk path takes (none under a sliding window)."""
+    if sliding_window is not None:
+        return []
+    return [
+        seq
+        for seq, length in enumerate(query_lens)
+        if 0 < length <= MAX_SHORT_CHUNK_TOKENS and seq not in batched
+    ]
 
 
 def _prefill_one(

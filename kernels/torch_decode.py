@@ -58,7 +58,7 @@ def plan_decode(
             )
     visible = [length if sliding_window is None else min(length, sliding_window) for length in lens]
     order = sorted(range(len(lens)), key=lambda seq: -visible[seq])
-    groups = _bucket_groups([visible[seq] for seq in order])
+    groups = bucket_groups([visible[seq] for seq in order])
     buckets = tuple(
         # Rows in their original order, so a single bucket's rows are q's rows as they are.
         _bucket(block_tables, sorted(order[i] for i in group), lens, visible, block_size)
@@ -67,7 +67,7 @@ def plan_decode(
     return TorchDecodePlan(len(lens), buckets)
 
 
-def _bucket_groups(lengths_desc: list[int]) -> list[range]:
+def bucket_groups(lengths_desc: list[int]) -> list[range]:
     """Splits lengths sorted longest first into runs minimising padded tokens + bucket overhead
     (dynamic programming over the split points; a step has at most a few hundred sequences)."""
     n = len(lengths_desc)

@@ -138,7 +138,7 @@ def test_decode_over_int8_is_attention_over_the_dequantized_cache(
 
 
 def test_prefill_over_int8_is_attention_over_the_dequantized_cache() -> None:
-    query_lens = [1, 15, 1, 17, 40, 300]
+    query_lens = [1, 15, 1, 5, 40, 300]  # 15 and 5: short chunks, padded together
     case = make_paged_case(LENS, HEADS, query_lens=query_lens, seed=4)
     int8 = _quantized(case)
     assert int8.query_start_loc is not None and case.query_start_loc is not None

@@ -7,7 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdserve.kernels import paged_attention_decode, paged_attention_prefill, torch_decode
+from pdserve.kernels import (
+    paged_attention_decode,
+    paged_attention_prefill,
+    torch_attention,
+    torch_decode,
+)
 from pdserve.testing.kernel_cases import (
     TOLERANCES,
     HeadConfig,
@@ -106,6 +111,17 @@ def test_prefill_batches_one_token_chunks_through_decode() -> None:
     for window in (None, 10):
         case = make_paged_case(contexts, config, torch.float16, query_lens=chunks, seed=3)
         check_prefill(paged_attention_prefill, case, window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_short_chunks_attend_together(dtype: torch.dtype) -> None:
+    """A speculative verify step: decodes with their drafts (2-16 query tokens) over contexts
+    of 2 to 600 tokens (two length buckets), beside one-token decodes and a prompt chunk."""
+    contexts, chunks = [600, 5, 40, 77, 300, 33, 2, 590], [5, 5, 1, 3, 64, 1, 2, 16]
+    assert torch_attention._short_chunks(chunks, {2, 5}, None) == [0, 1, 3, 6, 7]
+    assert torch_attention._short_chunks(chunks, {2, 5}, 50) == []  # windows: the prefill loop
+    case = make_paged_case(contexts, HeadConfig(9, 3, 64, 16), dtype, query_lens=chunks, seed=7)
+    check_prefill(paged_attention_prefill, case, None)
 
 
 @pytest.mark.parametrize("window", [None, 50])
