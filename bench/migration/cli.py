@@ -11,12 +11,16 @@ EOS ignored. Once it has streamed 8 tokens (context L), the decode worker holdin
 (`live`: it drains; the router suspends the stream there, its KV goes over UCX to the other
 decode worker, which continues) or SIGKILL (`re_prefill`: it is lost; the router sends prompt +
 streamed tokens to the prefill tier, whose KV goes to the other decode worker). The stall is what
-the client sees: the time from the signal to the next token. Both modes must give the same tokens
+the client sees: the time from the signal to the next token. The prefill worker keeps its prefix
+cache on, as users run it: a re-prefill finds the prompt it prefilled at the stream's start
+there and computes only the streamed tokens, which is the re-prefill a crash costs when the
+prompt's prefill worker still holds it. Both modes must give the same tokens
 (`outputs_match`).
 
 **Drain time.** For each K in `--streams`, a fresh cluster serves K streams of 1,000-token
-contexts; once each has 8 tokens, decode-0 (holding about half of them) gets SIGTERM, and
-`drain_s` is the time until its process exits: it moves its streams live and leaves.
+contexts; once each has 8 tokens, the decode worker running the most of them (`held`) gets
+SIGTERM, and `drain_s` is the time until its process exits: it moves its streams live and
+leaves.
 
 **The link.** By default the cluster runs on loopback. With `--netns` (root) each process runs in
 a pod of its own (`pdserve up --netns`'s `PodCluster`): KV crosses UCX over TCP on the pods'
@@ -25,9 +29,9 @@ network shows against the cost of recomputing it. Re-prefill ships the same KV (
 decode) on top of recomputing it, so the link slows both modes.
 
 With --json, one object per line: `{"context_tokens", "mode", "stall_s", "stall_ci",
-"repeats", "outputs_match", "link"}` per context and mode, `{"streams", "drain_s", "moved_live",
-"exit_code", "link"}` per K (seconds; `stall_ci` a 95 % Student-t interval of the mean; `link`
-is `loopback`, `netns` or `netns RATE`).
+"repeats", "outputs_match", "link"}` per context and mode, `{"streams", "drain_s", "held",
+"moved_live", "exit_code", "link"}` per K (seconds; `stall_ci` a 95 % Student-t interval of
+the mean; `link` is `loopback`, `netns` or `netns RATE`).
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class StallRow:
 class DrainRow:
     streams: int
     drain_s: float
+    held: int
     moved_live: int
     exit_code: int
     link: str
@@ -185,18 +190,22 @@ def _drain_row(args: argparse.Namespace, model_dir: Path, vocab_size: int, count
     length = DRAIN_CONTEXT_TOKENS - TOKENS_BEFORE_MOVE
     prompts = [_prompt(rng, length, vocab_size) for _ in range(count)]
     with _running(args, model_dir, f"drain-{count}") as cluster:
-        source = cluster.decode[0]
         before = _router_count(cluster, "live")
-        drain_s = asyncio.run(_drained(cluster, prompts, source))
+        drain = asyncio.run(_drained(cluster, prompts))
         moved = int(_router_count(cluster, "live") - before)
-        return DrainRow(count, drain_s, moved, source.popen.returncode, _link(args))
+        return DrainRow(count, drain.seconds, drain.held, moved, drain.exit_code, _link(args))
 
 
-async def _drained(
-    cluster: RunningCluster, prompts: list[tuple[int, ...]], source: Process
-) -> float:
-    """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, SIGTERM to `source`:
-    the seconds until it exits."""
+@dataclass(frozen=True)
+class Drain:
+    seconds: float  # SIGTERM to exit
+    held: int  # streams the drained worker ran at the SIGTERM
+    exit_code: int
+
+
+async def _drained(cluster: RunningCluster, prompts: list[tuple[int, ...]]) -> Drain:
+    """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, SIGTERM to the decode
+    worker running the most of them: how long it takes to exit."""
     streams = [Stream([], []) for _ in prompts]
     async with GenerationClient.connect(cluster.router.address) as client:
         tasks = [
@@ -204,12 +213,14 @@ async def _drained(
             for prompt, stream in zip(prompts, streams, strict=True)
         ]
         await _until_each_has(streams, TOKENS_BEFORE_MOVE)
+        running = {worker.name: await _num_running(worker) for worker in cluster.decode}
+        source = max(cluster.decode, key=lambda worker: running[worker.name])
         signalled = time.monotonic()
         source.popen.send_signal(signal.SIGTERM)
-        await asyncio.to_thread(source.popen.wait)
+        exit_code = await asyncio.to_thread(source.popen.wait)
         drained = time.monotonic() - signalled
         await asyncio.gather(*tasks)
-    return drained
+    return Drain(drained, running[source.name], exit_code)
 
 
 async def _moved_stream(
@@ -249,11 +260,15 @@ async def _until_each_has(streams: list[Stream], tokens: int) -> None:
 async def _holder(workers: list[Process]) -> Process:
     """The decode worker running a request now."""
     for worker in workers:
-        async with grpc.aio.insecure_channel(worker.address) as channel:
-            load = await decode_pb2_grpc.DecodeStub(channel).Load(common_pb2.LoadRequest())
-        if load.num_running:
+        if await _num_running(worker):
             return worker
     raise RuntimeError("no decode worker runs the stream")
+
+
+async def _num_running(worker: Process) -> int:
+    async with grpc.aio.insecure_channel(worker.address) as channel:
+        load = await decode_pb2_grpc.DecodeStub(channel).Load(common_pb2.LoadRequest())
+    return int(load.num_running)
 
 
 @contextlib.contextmanager
