@@ -10,12 +10,13 @@ repeat's own: no prompt repeats within a run; both modes of a repeat get the sam
 EOS ignored. Once it has streamed 8 tokens (context L), the decode worker holding it gets SIGTERM
 (`live`: it drains; the router suspends the stream there, its KV goes over UCX to the other
 decode worker, which continues) or SIGKILL (`re_prefill`: it is lost; the router sends prompt +
-streamed tokens to the prefill tier, whose KV goes to the other decode worker). The stall is what
-the client sees: the time from the signal to the next token. The prefill worker keeps its prefix
-cache on, as users run it: a re-prefill finds the prompt it prefilled at the stream's start
-there and computes only the streamed tokens, which is the re-prefill a crash costs when the
-prompt's prefill worker still holds it. Both modes must give the same tokens
-(`outputs_match`).
+streamed tokens to the prefill tier, whose KV goes to the other decode worker). The stall is
+what the client sees: the longest wait between two tokens from the signal on (a draining worker
+streams until the router suspends the stream, so the gap need not follow the signal at once).
+The prefill worker keeps its prefix cache on, as users run it: a re-prefill finds the prompt it
+prefilled at the stream's start there and computes only the streamed tokens, which is the
+re-prefill a crash costs when the prompt's prefill worker still holds it. Both modes must give
+the same tokens (`outputs_match`).
 
 **Drain time.** For each K in `--streams`, a fresh cluster serves K streams of 1,000-token
 contexts; once each has 8 tokens, the decode worker running the most of them (`held`) gets
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -176,8 +178,7 @@ def _stall_rows(
             with _running(args, model_dir, f"{mode}-{context}-{repeat}") as cluster:
                 stream, moved_at = asyncio.run(_moved_stream(cluster, [prompt], how))
                 outputs.append(stream[0].tokens)
-                after = [t for t in stream[0].times if t > moved_at]
-                stalls[mode].append(after[0] - moved_at)
+                stalls[mode].append(_worst_gap(stream[0].times, moved_at))
         match = match and outputs[0] == outputs[1]
     return [
         StallRow(context, mode, statistics.fmean(s), _interval(s), len(s), match, _link(args))
@@ -299,6 +300,14 @@ def _link(args: argparse.Namespace) -> str:
     if not args.netns:
         return "loopback"
     return "netns" if args.link_rate is None else f"netns {args.link_rate}"
+
+
+def _worst_gap(times: list[float], moved_at: float) -> float:
+    """The longest wait between tokens from the signal on (the signal counts as the first):
+    a draining worker goes on streaming until the router suspends the stream, so the move's
+    gap comes after a few tokens, not at the first one."""
+    after = [moved_at, *(t for t in times if t > moved_at)]
+    return max(b - a for a, b in itertools.pairwise(after))
 
 
 def _prompt(rng: random.Random, count: int, vocab_size: int) -> tuple[int, ...]:
