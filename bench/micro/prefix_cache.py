@@ -22,10 +22,10 @@ import random
 import statistics
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient, build_request
 from pdserve.client import SamplingParams as WireSamplingParams
 from pdserve.cluster import Cluster, ClusterSpec
@@ -93,13 +93,13 @@ def disaggregated(prompts: list[list[int]], caching: bool, args: argparse.Namesp
         cluster.wait_ready()
         ttfts = asyncio.run(_burst(cluster.router.address, prompts))
         prefill = cluster.prefill[0].metrics_port
-        computed = _metric(prefill, "pdserve_prefill_prompt_tokens_total") - (
-            _metric(prefill, "pdserve_prefill_prefix_cache_hit_tokens")
+        computed = metric_value(prefill, "pdserve_prefill_prompt_tokens_total") - (
+            metric_value(prefill, "pdserve_prefill_prefix_cache_hit_tokens")
         )
         saved = sum(
-            _metric(d.metrics_port, "pdserve_decode_kv_saved_bytes") for d in cluster.decode
+            metric_value(d.metrics_port, "pdserve_decode_kv_saved_bytes") for d in cluster.decode
         )
-        sent = _metric(prefill, "pdserve_prefill_kv_sent_bytes")
+        sent = metric_value(prefill, "pdserve_prefill_kv_sent_bytes")
     return Arm(ttfts, int(computed), int(sent), int(saved))
 
 
@@ -110,14 +110,6 @@ async def _burst(address: str, prompts: list[list[int]]) -> list[float]:
             *(client.generate(build_request(p, sampling=sampling)) for p in prompts)
         )
     return [reply.timings.first_token_seconds for reply in replies]
-
-
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-        for line in page.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise KeyError(name)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

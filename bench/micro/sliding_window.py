@@ -21,11 +21,11 @@ import argparse
 import asyncio
 import random
 import tempfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.bench.arg_types import positive_int
+from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.block_pool import blocks_for
@@ -94,7 +94,7 @@ def _measure(scratch: Path, window: int | None, prompt: list[int], args: argpars
         cluster.wait_ready()
         decode = cluster.decode[0].metrics_port
         peak = asyncio.run(_stream(cluster.router.address, prompt, args, decode))
-        sent = _metric(cluster.prefill[0].metrics_port, "pdserve_prefill_kv_sent_bytes")
+        sent = metric_value(cluster.prefill[0].metrics_port, "pdserve_prefill_kv_sent_bytes")
     return Arm(window, int(sent), peak)
 
 
@@ -106,14 +106,6 @@ async def _stream(
     peak = 0
     async with GenerationClient.connect(address) as client:
         async for _ in client.generate_stream(build_request(prompt, sampling=sampling)):
-            free = _metric(decode_metrics, "pdserve_decode_kv_free_blocks")
+            free = metric_value(decode_metrics, "pdserve_decode_kv_free_blocks")
             peak = max(peak, args.num_kv_blocks - int(free))
     return peak
-
-
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-        for line in page.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise KeyError(name)
