@@ -28,6 +28,7 @@ from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine, Suspension
+from pdserve.decode_service.multiplex import MultiplexStream
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -134,6 +135,13 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 message.usage.completion_tokens = usage.completion_tokens + streamed
                 message.timings.decode_seconds = now - started
             yield message
+
+    async def Multiplex(
+        self, request_iterator: AsyncIterator[decode_pb2.MultiplexCommand], context: Context
+    ) -> AsyncIterator[decode_pb2.DecodeStep]:
+        async with grpc_errors(context):
+            async for step in MultiplexStream(self.runtime).serve(request_iterator):
+                yield step
 
     async def Suspend(
         self, request: decode_pb2.SuspendRequest, context: Context

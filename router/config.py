@@ -14,6 +14,15 @@ from pdserve.router.policy import RoutingPolicy
 _PLACEMENT_DEFAULTS = PlacementConfig()
 
 
+class RelayMode(enum.Enum):
+    """How decode's tokens reach the router (docs/router.md, "The decode stream")."""
+
+    # Decode.Multiplex: one stream per decode worker, one message per engine step.
+    MULTIPLEXED = "multiplexed"
+    # Decode.Generate / GenerateLocal: one stream per request, one message per token.
+    PER_REQUEST = "per-request"
+
+
 class Tier(enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
@@ -70,6 +79,7 @@ class RouterConfig:
     # How a worker is chosen in each tier: least loaded, or the one whose recent prompts share
     # the most leading blocks with this one, within a load bound (policy.py `prefix_choice`).
     routing_policy: RoutingPolicy = RoutingPolicy.LEAST_LOADED
+    relay: RelayMode = RelayMode.MULTIPLEXED
     # Times one request may move to another decode worker after losing its own.
     max_migrations: int = 3
     # The router's channels to the workers: TLS/mTLS settings (None: plaintext), message bound.

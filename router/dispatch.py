@@ -36,7 +36,8 @@ from pdserve.router import metrics
 from pdserve.router.aborts import Aborts
 from pdserve.router.adaptive_placement import place_adaptive
 from pdserve.router.clock import Deadline, RequestClock
-from pdserve.router.config import RouterConfig
+from pdserve.router.config import RelayMode, RouterConfig
+from pdserve.router.decode_mux import DecodeMultiplexer, MuxRun
 from pdserve.router.errors import RouterError
 from pdserve.router.live_migration import LiveMigration, StreamSuspended
 from pdserve.router.placement import PlacementMode, PrefillPlace, PrefillTierState, place_prefill
@@ -50,7 +51,10 @@ if TYPE_CHECKING:
     from pdserve.v1.decode_pb2_grpc import DecodeAsyncStub
 
 DecodeCall = grpc.aio.UnaryStreamCall[Any, decode_pb2.TokenDelta]  # Generate or GenerateLocal
-StartCall = Callable[[], DecodeCall]
+# A request's deltas from decode: its own call (--relay per-request), or its share of the
+# worker's Multiplex stream; both iterate deltas, raise AioRpcError, and cancel().
+DecodeRun = DecodeCall | MuxRun
+StartCall = Callable[[], DecodeRun]
 
 __all__ = ["Deadline", "Dispatcher"]
 
@@ -74,6 +78,7 @@ class Dispatcher:
         self.remote = RemotePrefill(registry, config, self.aborts)
         self.roles = Roles(registry)
         self.live = LiveMigration(registry, self.aborts)
+        self.multiplexer = DecodeMultiplexer()
 
     @property
     def block_size(self) -> int:
@@ -132,7 +137,7 @@ class Dispatcher:
             metrics.MIGRATIONS.labels("migrated").inc()
             return None
         target, generate = moved
-        return target, lambda: target.stub.Generate(generate, timeout=deadline.remaining())
+        return target, self._generate(target, generate, deadline)
 
     def _check_migratable(self, failure: WorkerLostError, lost: list[str], tokens: int) -> None:
         if len(lost) <= self.config.max_migrations and self.registry.decode.has_untried(lost):
@@ -226,11 +231,10 @@ class Dispatcher:
             resumed_output_token_ids=request.resumed_output_token_ids,
         )
         clock.on_prefill_sent()
-
-        def start() -> DecodeCall:
-            return decode.stub.GenerateLocal(message, timeout=deadline.remaining())
-
-        return decode, start
+        if self.config.relay is RelayMode.MULTIPLEXED:
+            command = decode_pb2.MultiplexCommand(generate_local=message)
+            return decode, self._multiplexed(decode, command, request.request_id, deadline)
+        return decode, lambda: decode.stub.GenerateLocal(message, timeout=deadline.remaining())
 
     async def _remote(
         self,
@@ -247,11 +251,29 @@ class Dispatcher:
             transfer_token=handoff.transfer_token,
             first_token_id=handoff.first_token_id,
         )
+        return handoff.decode, self._generate(handoff.decode, message, deadline)
 
-        def start() -> DecodeCall:
-            return handoff.decode.stub.Generate(message, timeout=deadline.remaining())
+    def _generate(
+        self, decode: Worker[DecodeAsyncStub], message: decode_pb2.DecodeRequest, deadline: Deadline
+    ) -> StartCall:
+        """Decode.Generate for a request whose KV is on `decode`, by the --relay path."""
+        if self.config.relay is RelayMode.MULTIPLEXED:
+            command = decode_pb2.MultiplexCommand(generate=message)
+            return self._multiplexed(decode, command, message.request_id, deadline)
+        return lambda: decode.stub.Generate(message, timeout=deadline.remaining())
 
-        return handoff.decode, start
+    def _multiplexed(
+        self,
+        decode: Worker[DecodeAsyncStub],
+        command: decode_pb2.MultiplexCommand,
+        request_id: str,
+        deadline: Deadline,
+    ) -> StartCall:
+        def start() -> MuxRun:
+            deadline.remaining()  # DEADLINE_EXCEEDED before sending, as a call's timeout is
+            return self.multiplexer.run(decode, command, request_id, deadline)
+
+        return start
 
     async def _relay(
         self, decode: Worker[DecodeAsyncStub], start: StartCall, request_id: str
@@ -261,7 +283,7 @@ class Dispatcher:
         whose KV waits there for the live migration (StreamSuspended, which takes over the
         hold)."""
         finished = suspended = False
-        call: DecodeCall | None = None
+        call: DecodeRun | None = None
         suspending: asyncio.Task[None] | None = None
         try:
             call = start()

@@ -12,7 +12,7 @@ from pdserve.core.serving.cli_config import add_flag, add_model_arguments, add_s
 from pdserve.core.serving.tls import ChannelTls
 from pdserve.planner.profile import load_profile
 from pdserve.planner.step_budget import StepCosts
-from pdserve.router.config import RequestCaps, RouterConfig
+from pdserve.router.config import RelayMode, RequestCaps, RouterConfig
 from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy
 from pdserve.router.targets import parse_targets
@@ -105,6 +105,15 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "least-loaded, or prefix: prefer the worker whose recent prompts share the most "
         "leading KV blocks, within a load bound (docs/router.md)",
         choices=[policy.value for policy in RoutingPolicy],
+    )
+    add_flag(
+        group,
+        "--relay",
+        str,
+        defaults.relay.value,
+        "multiplexed: one Decode.Multiplex stream per decode worker, one message per engine step "
+        "for all its requests; per-request: one Generate stream per request (docs/router.md)",
+        choices=[mode.value for mode in RelayMode],
     )
     add_flag(
         group,
@@ -208,6 +217,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         costs=_costs_from_args(args),
         max_migrations=args.max_migrations,
         routing_policy=RoutingPolicy(args.routing_policy),
+        relay=RelayMode(args.relay),
         caps=RequestCaps(
             max_prompt_tokens=args.max_prompt_tokens,
             max_tokens=args.max_tokens,

@@ -4,7 +4,9 @@ The engine is not thread-safe, so every change to it (add, abort, reserve, ...) 
 the engine thread between steps (`call`). Deltas go to per-request sinks, which servicers usually
 make with `loop.call_soon_threadsafe`. If a step raises, every in-flight request gets the error
 (its sink receives the exception) and the loop keeps serving new requests: one bad step must not
-take the worker down.
+take the worker down. A request may instead join a `StepGroup` (the decode tier's Multiplex
+stream): the group gets every item of a step, then one `flush`, so that one hand-over to asyncio
+(and one message to the router) carries the step's tokens of all its requests.
 """
 
 from __future__ import annotations
@@ -23,6 +25,16 @@ T = TypeVar("T")
 Sink = Callable[[TokenDelta | BaseException], None]
 
 log = logging.getLogger(__name__)
+
+
+class StepGroup(Protocol):
+    """Requests whose deltas are handed over together, once per step (engine thread only)."""
+
+    def add(self, request_id: str, item: TokenDelta | BaseException) -> None: ...
+
+    def flush(self) -> None:
+        """The step (or the background poll, or a failure) has delivered all it had."""
+        ...
 
 
 class BackgroundWork(Protocol):
@@ -50,6 +62,8 @@ class EngineLoop:
         self._queued = 0
         self._queued_lock = threading.Lock()
         self._sinks: dict[str, Sink] = {}
+        self._groups: dict[str, StepGroup] = {}
+        self._touched: dict[int, StepGroup] = {}  # groups given items since their last flush
         self._poll_interval_s = poll_interval_s
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
@@ -88,8 +102,13 @@ class EngineLoop:
         """Routes the request's deltas to `sink` (call from the engine thread, e.g. in `call`)."""
         self._sinks[request_id] = sink
 
+    def join(self, request_id: str, group: StepGroup) -> None:
+        """Routes the request's deltas to `group` (engine thread, like `subscribe`)."""
+        self._groups[request_id] = group
+
     def unsubscribe(self, request_id: str) -> None:
         self._sinks.pop(request_id, None)
+        self._groups.pop(request_id, None)
 
     def _run(self) -> None:
         while not self._stopped.is_set():
@@ -97,13 +116,16 @@ class EngineLoop:
             if self._background is not None:
                 for request_id, item in self._background.poll():
                     self._deliver(request_id, item)
+                self._flush_groups()
             if self.engine.has_unfinished():
                 self._step()
+                self._flush_groups()
 
     def busy(self) -> bool:
         """Whether any request is still in flight here (for draining)."""
         background = self._background is not None and self._background.pending()
-        return background or self._queued > 0 or self.engine.has_unfinished() or bool(self._sinks)
+        subscribed = bool(self._sinks) or bool(self._groups)
+        return background or self._queued > 0 or self.engine.has_unfinished() or subscribed
 
     def _command_wait(self) -> float | None:
         """How long to wait for a command: not at all while the engine has work, briefly while
@@ -141,13 +163,27 @@ class EngineLoop:
             self._deliver(delta.request_id, delta)
 
     def _deliver(self, request_id: str, item: TokenDelta | BaseException) -> None:
+        last = isinstance(item, BaseException) or item.finished
+        group = self._groups.get(request_id)
+        if group is not None:
+            group.add(request_id, item)
+            self._touched[id(group)] = group
+            if last:
+                del self._groups[request_id]
+            return
         sink = self._sinks.get(request_id)
         if sink is not None:
             sink(item)
-        if isinstance(item, BaseException) or item.finished:
+        if last:
             self._sinks.pop(request_id, None)
+
+    def _flush_groups(self) -> None:
+        touched, self._touched = self._touched, {}
+        for group in touched.values():
+            group.flush()
 
     def _fail_all(self, error: Exception) -> None:
         for request_id in list(self.engine.requests):
             self.engine.abort(request_id)
             self._deliver(request_id, error)
+        self._flush_groups()

@@ -1,0 +1,239 @@
+"""`Decode.Multiplex`: one stream per router carrying every request it runs here.
+
+    router ──MultiplexCommand(generate | generate_local | cancel)──> this worker
+    engine step ──StepGroup (engine thread)──> one list per step ──> one DecodeStep to the router
+
+Per request it sends what Generate / GenerateLocal would stream (the same deltas, `draining`,
+the `suspended` end, usage and timings on the last), and an error those calls would end with as a
+delta with `error_code`. What differs is the cost: one message per engine step for all the
+router's requests instead of one per request per token, so the router (Python, one core) relays
+a GPU's steps without spending a gRPC message, a `sendmsg` and a generator hop on each token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import grpc
+
+from pdserve.core.engine import LLMEngine
+from pdserve.core.errors import RequestSuspended
+from pdserve.core.outputs import TokenDelta
+from pdserve.core.serving.grpc_errors import status_code_for
+from pdserve.core.serving.proto_convert import finish_reason_to_proto
+from pdserve.core.serving.sampling_proto import sampling_from_proto
+from pdserve.core.serving.tier_runtime import TierRuntime
+from pdserve.decode_service import metrics
+from pdserve.decode_service.engine import DecodeEngine
+from pdserve.v1 import common_pb2, decode_pb2
+
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+Item: TypeAlias = "tuple[str, TokenDelta | BaseException]"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Run:
+    """One request of the stream, as the asyncio side tracks it."""
+
+    usage: common_pb2.Usage  # tokens counted before this run (prompt, a migration's resumed)
+    movable: bool  # a decode worker's request: `draining` may move it
+    started: float
+    last: float
+    streamed: int = 0
+
+
+# A request ready to start: its run, and what starts it on the engine thread.
+Prepared: TypeAlias = "tuple[_Run, Callable[[], None]]"
+
+
+class _Group:
+    """The stream's StepGroup: a step's items gathered on the engine thread, handed over once."""
+
+    def __init__(self, outbox: asyncio.Queue[list[Item]]) -> None:
+        self._outbox = outbox
+        self._aio_loop = asyncio.get_running_loop()
+        self._items: list[Item] = []
+
+    def add(self, request_id: str, item: TokenDelta | BaseException) -> None:
+        self._items.append((request_id, item))
+
+    def flush(self) -> None:
+        items, self._items = self._items, []
+        if items:
+            self._aio_loop.call_soon_threadsafe(self._outbox.put_nowait, items)
+
+
+class MultiplexStream:
+    """One router's Multiplex call on this worker."""
+
+    def __init__(self, runtime: TierRuntime) -> None:
+        self.runtime = runtime
+        self.outbox: asyncio.Queue[list[Item]] = asyncio.Queue()
+        self.group = _Group(self.outbox)
+        self.runs: dict[str, _Run] = {}
+
+    async def serve(
+        self, commands: AsyncIterator[decode_pb2.MultiplexCommand]
+    ) -> AsyncIterator[decode_pb2.DecodeStep]:
+        reader = asyncio.create_task(self._read(commands))
+        try:
+            while not (reader.done() and not self.runs and self.outbox.empty()):
+                items = await self._next_items(reader)
+                step = self._step(items)
+                if step.deltas:
+                    yield step
+            reader.result()  # a failed read ends the call with its error
+        finally:
+            reader.cancel()
+            self._abort_all()
+
+    async def _next_items(self, reader: asyncio.Task[None]) -> list[Item]:
+        """What steps delivered (every list queued, as one), or nothing once the router's
+        side has ended its commands."""
+        if self.outbox.empty() and not reader.done():
+            getter = asyncio.ensure_future(self.outbox.get())
+            await asyncio.wait([getter, reader], return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                return []
+            items = getter.result()
+        else:
+            items = await self.outbox.get()
+        while not self.outbox.empty():
+            items = items + self.outbox.get_nowait()
+        return items
+
+    async def _read(self, commands: AsyncIterator[decode_pb2.MultiplexCommand]) -> None:
+        async for command in commands:
+            kind = command.WhichOneof("command")
+            if kind == "cancel":
+                self._cancel(command.cancel)
+            elif kind == "generate":
+                generate = command.generate
+                self._start(generate.request_id, functools.partial(self._generate, generate))
+            elif kind == "generate_local":
+                local = command.generate_local
+                self._start(local.request_id, functools.partial(self._generate_local, local))
+        # The router half-closed: it will send nothing more, but its requests run to their end.
+
+    def _start(self, request_id: str, prepare: Callable[[], Prepared]) -> None:
+        """Starts a request on the engine thread; an error comes back as its delta."""
+        try:
+            run, start = prepare()
+        except Exception as error:  # as the request's own call would have ended
+            self.runs[request_id] = self._new_run(common_pb2.Usage(), movable=False)
+            self.outbox.put_nowait([(request_id, error)])
+            return
+        self.runs[request_id] = run
+        loop = self.runtime.engine_loop()
+        group = self.group
+
+        def join_and_start() -> None:
+            loop.join(request_id, group)
+            try:
+                start()
+            except Exception as error:
+                loop.unsubscribe(request_id)
+                group.add(request_id, error)
+                group.flush()
+
+        loop.call(join_and_start)
+
+    def _generate(self, request: decode_pb2.DecodeRequest) -> Prepared:
+        engine = self.runtime.engine(DecodeEngine)
+        run = self._new_run(common_pb2.Usage(), movable=True)
+
+        def start() -> None:
+            engine.start(request.request_id, request.transfer_token, request.first_token_id)
+            run.usage.prompt_tokens, run.usage.completion_tokens = engine.token_counts(
+                request.request_id
+            )
+
+        return run, start
+
+    def _generate_local(self, request: decode_pb2.GenerateLocalRequest) -> Prepared:
+        self.runtime.check_accepting()
+        params = sampling_from_proto(request.sampling, request.priority)
+        engine = self.runtime.engine(LLMEngine)  # a prefill worker runs these too
+        prompt = list(request.prompt_token_ids)
+        resumed = list(request.resumed_output_token_ids)
+        usage = common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed))
+        run = self._new_run(usage, movable=isinstance(engine, DecodeEngine))
+        metrics.LOCAL_PREFILLS.inc()
+        return run, lambda: engine.add_local(request.request_id, prompt, params, resumed)
+
+    def _new_run(self, usage: common_pb2.Usage, movable: bool) -> _Run:
+        now = time.monotonic()
+        return _Run(usage=usage, movable=movable, started=now, last=now)
+
+    def _cancel(self, request_id: str) -> None:
+        """As a cancelled Generate call: the request is aborted and forgotten here."""
+        if self.runs.pop(request_id, None) is not None:
+            self._abort_on_engine(request_id)
+
+    def _abort_all(self) -> None:
+        for request_id in list(self.runs):
+            self._abort_on_engine(request_id)
+        self.runs.clear()
+
+    def _abort_on_engine(self, request_id: str) -> None:
+        loop = self.runtime.loop
+        if loop is not None:
+            loop.call(lambda: (loop.unsubscribe(request_id), loop.engine.abort(request_id)))
+
+    def _step(self, items: list[Item]) -> decode_pb2.DecodeStep:
+        """The items as one message; the tokens counted once for the whole step."""
+        step = decode_pb2.DecodeStep()
+        now = time.monotonic()
+        draining = self.runtime.host.draining
+        tokens = 0
+        for request_id, item in items:
+            run = self.runs.get(request_id)
+            if run is None:
+                continue  # cancelled meanwhile: the router no longer waits for it
+            delta = step.deltas.add(request_id=request_id)
+            if isinstance(item, BaseException):
+                del self.runs[request_id]
+                _describe_end(delta, item)
+                continue
+            tokens += self._fill(delta, run, item, now)
+            delta.draining = run.movable and draining
+            if item.finished:
+                del self.runs[request_id]
+        metrics.TOKENS.inc(tokens)
+        return step
+
+    def _fill(self, delta: decode_pb2.TokenDelta, run: _Run, item: TokenDelta, now: float) -> int:
+        histogram = metrics.INTER_TOKEN_LATENCY if run.streamed else metrics.TIME_TO_FIRST_TOKEN
+        histogram.observe(now - run.last)
+        run.last = now
+        count = len(item.new_token_ids)
+        run.streamed += count
+        delta.token_ids.extend(item.new_token_ids)
+        delta.text = item.text
+        if item.finish_reason is not None:
+            delta.finish_reason = finish_reason_to_proto(item.finish_reason)
+            delta.usage.prompt_tokens = run.usage.prompt_tokens
+            delta.usage.completion_tokens = run.usage.completion_tokens + run.streamed
+            delta.timings.decode_seconds = now - run.started
+        return count
+
+
+def _describe_end(delta: decode_pb2.TokenDelta, error: BaseException) -> None:
+    """A request that ended with an error (or was suspended) as its last delta."""
+    if isinstance(error, RequestSuspended):
+        delta.suspended = True
+        return
+    code = status_code_for(error)
+    if code is grpc.StatusCode.INTERNAL:
+        log.error("internal error", exc_info=error)  # a bug: keep the traceback
+    delta.error_code = code.value[0]
+    delta.error_message = str(error) or type(error).__name__
