@@ -1,6 +1,9 @@
 """Router overhead: Generate latency through the router vs the same calls straight to the tiers.
 
     .venv/bin/pdserve bench router [--requests 2000] [--max-tokens 4]
+    .venv/bin/pdserve bench router --capacity [--concurrency 16,64,256,1024] [--duration S]
+        [--relay multiplexed,per-request] [--json]          (capacity.py: relayed tokens)
+    .venv/bin/pdserve bench router --serve-fakes FILE       (the fake tiers, in the foreground)
 
 The tiers are zero-work fakes (`pdserve.testing.fake_tiers`: prefill answers at once, decode streams
 max_tokens tokens back to back) in a process of their own; the router is a real `pdserve router`
@@ -27,18 +30,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.bench.ports import free_port
+from pdserve.bench.router.capacity import (
+    CapacityRow,
+    format_rows,
+    measure,
+    pinned,
+    split_cores,
+    stop,
+)
 
 # BareRelay is re-exported: callers (tests/router/test_bench.py) import it from here.
 from pdserve.bench.router.servers import BareRelay as BareRelay
 from pdserve.bench.router.servers import TierStubs, serve_fakes, serve_relay
+
+# percentile is re-exported: callers (tests/router/test_bench.py) import it from here.
+from pdserve.bench.router.stats import percentile as percentile
 from pdserve.client import GenerationClient, build_request
+from pdserve.router.config import RelayMode
 from pdserve.v1 import common_pb2
 
 PROMPT_IDS = list(range(1, 65))  # 64 tokens
@@ -74,7 +89,11 @@ def _start_relay(prefill: str, decode: str) -> tuple[subprocess.Popen[bytes], st
 
 
 def _start_router(
-    prefill: str, decode: str, model: str | None
+    prefill: str,
+    decode: str,
+    model: str | None,
+    extra: Sequence[str] = ("--max-queue", "64"),
+    core: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [
@@ -88,10 +107,10 @@ def _start_router(
         str(port),
     ]
     command += ["--metrics-port", str(free_port()), "--prefill", prefill, "--decode", decode]
-    command += ["--max-queue", "64", "--http-port", "0", *(["--model", model] if model else [])]
-    return subprocess.Popen(
-        command, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    ), f"127.0.0.1:{port}"
+    command += [*extra, "--http-port", "0", *(["--model", model] if model else [])]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, env=env, preexec_fn=pinned(core))
+    return process, f"127.0.0.1:{port}"
 
 
 async def _wait_ready(target: str, timeout: float) -> None:
@@ -150,12 +169,6 @@ async def _measure(
     return samples
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
 def report(samples: dict[str, list[float]], baseline: str) -> str:
     base_p50 = percentile(samples[baseline], 50)
     base_p99 = percentile(samples[baseline], 99)
@@ -196,8 +209,83 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=4, help="tokens per request")
     parser.add_argument("--model", default=None, help="model folder (its tokenizer)")
     parser.add_argument("--out", type=Path, default=None, help="also write samples here (JSON)")
-    parser.add_argument("--serve-fakes", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--serve-fakes",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="only serve the zero-work fake prefill and decode tiers (foreground, until SIGTERM); "
+        'write ["PREFILL_ADDR", "DECODE_ADDR"] to FILE once they serve',
+    )
+    capacity = parser.add_argument_group("--capacity: relayed tokens per router CPU-second")
+    capacity.add_argument(
+        "--capacity", action="store_true", help="measure relay capacity instead of overhead"
+    )
+    capacity.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=[16, 64, 256, 1024],
+        help="streams, comma-separated",
+    )
+    capacity.add_argument("--duration", type=float, default=10.0, help="seconds per row")
+    capacity.add_argument(
+        "--relay",
+        type=_relay_list,
+        default=["per-request", "multiplexed"],
+        help="router relay paths to measure, comma-separated (the router's --relay)",
+    )
+    capacity.add_argument("--tokens-per-request", type=int, default=256, help="tokens per stream")
+    capacity.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--serve-relay", nargs=3, default=None, help=argparse.SUPPRESS)
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _relay_list(text: str) -> list[str]:
+    values = [part for part in text.split(",") if part]
+    unknown = set(values) - {mode.value for mode in RelayMode}
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"expected multiplexed and/or per-request, got {text!r}")
+    return values
+
+
+def _capacity(args: argparse.Namespace) -> list[CapacityRow]:
+    """Each relay path in turn, against one set of fakes; the router alone on its core."""
+    router_core, others = split_cores()
+    os.sched_setaffinity(0, others)  # this client and, inherited, the fakes
+    max_queue = str(2 * max(args.concurrency))
+    rows: list[CapacityRow] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        fakes, prefill, decode = _start_fakes(Path(workdir))
+        try:
+            for relay in args.relay:
+                extra = ("--max-queue", max_queue, "--relay", relay)
+                router, target = _start_router(prefill, decode, args.model, extra, router_core)
+                try:
+                    asyncio.run(_wait_ready(target, timeout=180))
+                    for concurrency in args.concurrency:
+                        row = asyncio.run(
+                            measure(
+                                target,
+                                router.pid,
+                                relay,
+                                concurrency,
+                                args.duration,
+                                args.tokens_per_request,
+                            )
+                        )
+                        rows.append(row)
+                        print(format_rows([row], as_json=True), file=sys.stderr, flush=True)
+                finally:
+                    stop(router)
+        finally:
+            stop(fakes)
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,6 +295,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serve_relay is not None:
         port, prefill_target, decode_target = args.serve_relay
         serve_relay(int(port), prefill_target, decode_target)
+        return 0
+    if args.capacity:
+        print(format_rows(_capacity(args), args.json))
         return 0
     with tempfile.TemporaryDirectory() as workdir:
         fakes, prefill, decode = _start_fakes(Path(workdir))

@@ -27,14 +27,18 @@ from pdserve.v1 import (
 
 
 def serve_fakes(address_file: Path) -> None:
-    """Child process: one fake prefill and one fake decode until SIGTERM."""
+    """One fake prefill and one fake decode (pdserve.testing.fake_tiers) until SIGTERM; their
+    addresses go to `address_file` once both serve."""
 
     async def body() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         async with fake_tiers() as tiers:
             addresses = [tiers.prefill_addresses[0], tiers.decode_addresses[0]]
-            address_file.write_text(json.dumps(addresses))
+            # Whole or not at all: a reader polls for the file.
+            partial = address_file.with_name(address_file.name + ".partial")
+            partial.write_text(json.dumps(addresses))
+            partial.replace(address_file)
             await stop.wait()
 
     asyncio.run(body())

@@ -1,0 +1,179 @@
+"""Router relay capacity: tokens a `pdserve router` relays per second of its own CPU.
+
+    .venv/bin/pdserve bench router --capacity [--concurrency 16,64,256,1024] [--duration S]
+        [--relay multiplexed,per-request] [--json]
+
+Zero-work fake tiers (`--serve-fakes`: decode emits one token per running request per step as
+fast as it can) in a process of their own; for each `--relay` path a real `pdserve router`
+process pinned alone to one core (the other cores hold the fakes and this client); per
+concurrency N, N client streams (GenerateStream, `--tokens-per-request` tokens each, a new one as
+soon as one ends) for `--duration` seconds. Router CPU is its utime + stime from /proc over
+that window. One row per (relay, concurrency):
+
+    {"relay": ..., "concurrency": N, "tokens_per_s": ..., "router_cpu": fraction of a core,
+     "tokens_per_router_cpu_s": ..., "gap_p50_ms": ..., "gap_p99_ms": ..., "errors": n}
+
+`gap_*`: the time between two consecutive chunks of one stream as the client receives them
+(a coalesced chunk carries several tokens). `errors`: calls that ended with a status other
+than OK inside the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+
+from pdserve.bench.router.stats import percentile
+from pdserve.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+
+PROMPT_IDS = list(range(1, 65))  # 64 tokens
+STREAMS_PER_CHANNEL = 64  # client channels, so one HTTP/2 connection does not carry them all
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    relay: str
+    concurrency: int
+    tokens_per_s: float
+    router_cpu: float
+    tokens_per_router_cpu_s: float
+    gap_p50_ms: float
+    gap_p99_ms: float
+    errors: int
+
+
+@dataclass
+class _Tally:
+    """What the client streams saw inside the timed window."""
+
+    measuring: bool = False
+    tokens: int = 0
+    errors: int = 0
+    gaps: list[float] = field(default_factory=list)
+
+
+def split_cores() -> tuple[int | None, set[int]]:
+    """The core the router gets alone, and the rest (fakes, client); no pinning on one core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None, set(cores)
+    return cores[-1], set(cores[:-1])
+
+
+def router_cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid`, in seconds (/proc/PID/stat fields 14 and 15)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
+async def _stream_loop(
+    stub: generation_pb2_grpc.GenerationStub, tokens_per_request: int, tally: _Tally
+) -> None:
+    request = generation_pb2.GenerateRequest(
+        prompt_token_ids=generation_pb2.TokenIds(ids=PROMPT_IDS),
+        sampling=common_pb2.SamplingParams(max_tokens=tokens_per_request),
+    )
+    while True:
+        last: float | None = None
+        try:
+            async for chunk in stub.GenerateStream(request):
+                now = time.perf_counter()
+                if tally.measuring:
+                    tally.tokens += len(chunk.token_ids)
+                    if last is not None:
+                        tally.gaps.append(now - last)
+                last = now
+        except grpc.aio.AioRpcError:
+            if tally.measuring:
+                tally.errors += 1
+            await asyncio.sleep(0.01)  # a failing router must not spin this loop
+
+
+async def measure(
+    target: str,
+    router_pid: int,
+    relay: str,
+    concurrency: int,
+    duration: float,
+    tokens_per_request: int,
+    warmup: float = 1.0,
+) -> CapacityRow:
+    """`concurrency` streams through the router at `target` for `duration` seconds."""
+    channels = [
+        grpc.aio.insecure_channel(target)
+        for _ in range(max(1, -(-concurrency // STREAMS_PER_CHANNEL)))
+    ]
+    tally = _Tally()
+    stubs = [generation_pb2_grpc.GenerationStub(channel) for channel in channels]
+    loops = [
+        asyncio.create_task(_stream_loop(stubs[i % len(stubs)], tokens_per_request, tally))
+        for i in range(concurrency)
+    ]
+    try:
+        await asyncio.sleep(warmup)
+        cpu_before, started = router_cpu_seconds(router_pid), time.perf_counter()
+        tally.measuring = True
+        await asyncio.sleep(duration)
+        tally.measuring = False
+        cpu, wall = router_cpu_seconds(router_pid) - cpu_before, time.perf_counter() - started
+    finally:
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        for channel in channels:
+            await channel.close()
+    gaps = tally.gaps or [0.0]
+    return CapacityRow(
+        relay=relay,
+        concurrency=concurrency,
+        tokens_per_s=round(tally.tokens / wall, 1),
+        router_cpu=round(cpu / wall, 3),
+        tokens_per_router_cpu_s=round(tally.tokens / cpu, 1) if cpu > 0 else 0.0,
+        gap_p50_ms=round(percentile(gaps, 50) * 1e3, 3),
+        gap_p99_ms=round(percentile(gaps, 99) * 1e3, 3),
+        errors=tally.errors,
+    )
+
+
+def pinned(core: int | None) -> Callable[[], None] | None:
+    """A Popen `preexec_fn` that pins the child to `core` (None: no core to spare)."""
+    if core is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {core})
+
+
+def format_rows(rows: Sequence[CapacityRow], as_json: bool) -> str:
+    if as_json:
+        return "\n".join(json.dumps(asdict(row)) for row in rows)
+    header = (
+        f"{'relay':<13}{'conc':>6}{'tokens/s':>11}{'router cpu':>11}{'tok/cpu-s':>11}"
+        f"{'gap p50 ms':>11}{'gap p99 ms':>11}{'errors':>7}"
+    )
+    lines = [header]
+    for row in rows:
+        lines.append(
+            f"{row.relay:<13}{row.concurrency:>6}{row.tokens_per_s:>11.1f}{row.router_cpu:>11.3f}"
+            f"{row.tokens_per_router_cpu_s:>11.1f}{row.gap_p50_ms:>11.3f}{row.gap_p99_ms:>11.3f}"
+            f"{row.errors:>7}"
+        )
+    return "\n".join(lines)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
