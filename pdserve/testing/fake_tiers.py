@@ -87,6 +87,8 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
         self.local_requests: list[decode_pb2.GenerateLocalRequest] = []
         self.aborts: list[str] = []
         self.cancelled: list[str] = []
+        self.multiplex_calls = 0
+        self.largest_step = 0  # the most deltas one Multiplex message carried
 
     async def Reserve(
         self, request: decode_pb2.ReserveRequest, context: Context
@@ -156,7 +158,9 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
     async def Multiplex(
         self, request_iterator: AsyncIterator[decode_pb2.MultiplexCommand], context: Context
     ) -> AsyncIterator[decode_pb2.DecodeStep]:
+        self.multiplex_calls += 1
         async for step in FakeMultiplex(self, context).serve(request_iterator):
+            self.largest_step = max(self.largest_step, len(step.deltas))
             yield step
 
     async def Release(

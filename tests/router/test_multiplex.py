@@ -1,0 +1,118 @@
+"""The router's end of Decode.Multiplex over a fake decode worker (real grpc.aio on 127.0.0.1):
+one stream per decode worker for all requests, deltas coalesced only for a consumer that falls
+behind, per-request errors and cancels as on a request's own call; and the per-request path
+(--relay per-request) kept beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import grpc
+import pytest
+
+from pdserve.client import build_request
+from pdserve.router.clock import Deadline, RequestClock
+from pdserve.router.config import RelayMode
+from pdserve.testing.fake_tiers import FIRST_TOKEN_ID, Failure
+from pdserve.v1 import common_pb2, decode_pb2
+
+MAX_TOKENS = 12
+EXPECTED = [FIRST_TOKEN_ID, *range(1, MAX_TOKENS)]
+
+
+def _request(max_tokens: int = MAX_TOKENS) -> Any:
+    return build_request([5, 6, 7], sampling=common_pb2.SamplingParams(max_tokens=max_tokens))
+
+
+async def _consume(stack: Any, pause_s: float) -> list[decode_pb2.TokenDelta]:
+    """One request's deltas through admission (what both doors relay), `pause_s` after each
+    (a slow client: its door is still sending the previous one)."""
+    admission = stack.servicer.admission
+    got: list[decode_pb2.TokenDelta] = []
+    async with admission.admitted(_request()) as valid:
+        deltas = admission.deltas(valid, Deadline(None), RequestClock())
+        async with contextlib.aclosing(deltas):
+            async for delta in deltas:
+                got.append(delta)
+                await asyncio.sleep(pause_s)
+    return got
+
+
+def test_a_slow_consumer_gets_coalesced_deltas_while_a_fast_one_gets_every_token(
+    router_stack: Any,
+) -> None:
+    async def body() -> None:
+        async with router_stack() as stack:
+            stack.tiers.decode[0].knobs.delay_seconds = 0.02  # between two engine steps
+            fast, slow = await asyncio.gather(_consume(stack, 0.0), _consume(stack, 0.09))
+            for deltas in (fast, slow):
+                assert [t for d in deltas for t in d.token_ids] == EXPECTED
+                assert "".join(d.text for d in deltas) == "".join(f"<{t}>" for t in EXPECTED)
+                assert deltas[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+                assert deltas[-1].usage.completion_tokens == MAX_TOKENS
+            assert [len(d.token_ids) for d in fast] == [1] * MAX_TOKENS  # each as it was made
+            assert len(slow) < MAX_TOKENS / 2  # what waited came as one
+            assert max(len(d.token_ids) for d in slow) >= 3
+
+    asyncio.run(body())
+
+
+def test_concurrent_requests_share_one_stream_per_decode_worker(router_stack: Any) -> None:
+    async def body() -> None:
+        async with router_stack(num_decode=2) as stack:
+            calls = [stack.client.generate(_request(), timeout=10) for _ in range(16)]
+            replies = await asyncio.gather(*calls)
+            assert all(list(reply.token_ids) == EXPECTED for reply in replies)
+            streams = [decode.multiplex_calls for decode in stack.tiers.decode]
+            assert streams == [1, 1]  # 16 requests, two workers: one stream each
+            # One message carried the step of several requests.
+            assert max(decode.largest_step for decode in stack.tiers.decode) > 1
+
+    asyncio.run(body())
+
+
+def test_a_start_error_ends_that_request_only_with_its_code(router_stack: Any) -> None:
+    async def body() -> None:
+        async with router_stack(disagg_threshold=100) as stack:  # GenerateLocal on decode
+            decode = stack.tiers.decode[0]
+            decode.knobs.failures = [Failure(grpc.StatusCode.INVALID_ARGUMENT, "sampling: bad")]
+            failing = stack.client.generate(_request(), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await failing
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details() == "sampling: bad"
+            reply = await stack.client.generate(_request(), timeout=10)  # the same stream
+            assert list(reply.token_ids) == [0, *range(1, MAX_TOKENS)]
+            assert decode.multiplex_calls == 1
+
+    asyncio.run(body())
+
+
+def test_a_deadline_mid_stream_cancels_the_request_on_decode(
+    router_stack: Any, wait_for: Any
+) -> None:
+    async def body() -> None:
+        async with router_stack() as stack:
+            decode = stack.tiers.decode[0]
+            decode.knobs.delay_seconds = 0.1
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stack.client.generate(_request(max_tokens=100), timeout=0.6)
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            request_id = decode.reserves[-1].request_id
+            await wait_for(lambda: request_id in decode.cancelled and request_id in decode.aborts)
+
+    asyncio.run(body())
+
+
+def test_the_per_request_path_relays_the_same_answer(router_stack: Any) -> None:
+    async def body() -> None:
+        async with router_stack(relay=RelayMode.PER_REQUEST) as stack:
+            chunks = [c async for c in stack.client.generate_stream(_request(), timeout=10)]
+            assert [t for c in chunks for t in c.token_ids] == EXPECTED
+            assert len(chunks) == MAX_TOKENS
+            assert chunks[-1].usage == common_pb2.Usage(prompt_tokens=3, completion_tokens=12)
+            assert stack.tiers.decode[0].multiplex_calls == 0
+
+    asyncio.run(body())
