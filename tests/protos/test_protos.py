@@ -113,6 +113,7 @@ def test_files_package_and_enum_prefixes(descriptor_set: descriptor_pb2.FileDesc
                 "Load": False,
                 "Suspend": False,
                 "Migrate": False,
+                "Multiplex": True,
             },
         ),
     ],
@@ -123,7 +124,9 @@ def test_service_shapes(service: str, methods: dict[str, bool]) -> None:
     assert descriptor.full_name == f"pdserve.v1.{service}"
     found = {m.name: m.server_streaming for m in descriptor.methods}
     assert found == methods
-    assert not any(m.client_streaming for m in descriptor.methods)
+    # The router's one stream per decode worker is the only call a client streams into.
+    client_streaming = {m.name for m in descriptor.methods if m.client_streaming}
+    assert client_streaming == ({"Multiplex"} if service == "Decode" else set())
 
 
 @pytest.mark.parametrize("module", MODULES)
