@@ -79,6 +79,8 @@ class RouterConfig:
     # How a worker is chosen in each tier: least loaded, or the one whose recent prompts share
     # the most leading blocks with this one, within a load bound (policy.py `prefix_choice`).
     routing_policy: RoutingPolicy = RoutingPolicy.LEAST_LOADED
+    # --routing-policy prefix-hash: the leading full blocks a prompt is keyed by (prefix_hash.py).
+    prefix_hash_blocks: int = 4
     relay: RelayMode = RelayMode.MULTIPLEXED
     # Times one request may move to another decode worker after losing its own.
     max_migrations: int = 3
@@ -89,7 +91,13 @@ class RouterConfig:
     http_port: int = 8000
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_attempts", "abort_attempts", "block_size"):
+        for name in (
+            "max_queue",
+            "max_attempts",
+            "abort_attempts",
+            "block_size",
+            "prefix_hash_blocks",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_flag(name)}: must be >= 1, got {getattr(self, name)}")
         for name in (

@@ -102,9 +102,17 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--routing-policy",
         str,
         defaults.routing_policy.value,
-        "least-loaded, or prefix: prefer the worker whose recent prompts share the most "
-        "leading KV blocks, within a load bound (docs/router.md)",
+        "least-loaded; prefix: prefer the worker whose recent prompts share the most leading "
+        "KV blocks, within a load bound; prefix-hash: the worker the prompt's leading blocks hash "
+        "to, within a load bound, the same in every router replica (docs/router.md)",
         choices=[policy.value for policy in RoutingPolicy],
+    )
+    add_flag(
+        group,
+        "--prefix-hash-blocks",
+        int,
+        defaults.prefix_hash_blocks,
+        "--routing-policy prefix-hash: how many leading full KV blocks of a prompt key its worker",
     )
     add_flag(
         group,
@@ -218,6 +226,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_migrations=args.max_migrations,
         routing_policy=RoutingPolicy(args.routing_policy),
         relay=RelayMode(args.relay),
+        prefix_hash_blocks=args.prefix_hash_blocks,
         caps=RequestCaps(
             max_prompt_tokens=args.max_prompt_tokens,
             max_tokens=args.max_tokens,

@@ -12,11 +12,14 @@ Exact ties (typically idle workers) go round robin, so equal workers share the t
 
 With `--routing-policy prefix`, `prefix_choice` first prefers the worker most likely to hold the
 prompt's leading KV blocks in its prefix cache (router/prefix_map.py), within a load bound.
+With `--routing-policy prefix-hash`, `rendezvous_choice` sends a prompt to the worker its leading
+blocks hash to (router/prefix_hash.py): the same choice in every router replica, with no state.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,6 +65,8 @@ class RoutingPolicy(enum.Enum):
 
     LEAST_LOADED = "least-loaded"
     PREFIX = "prefix"  # the worker whose recent prompts share the most leading blocks (see below)
+    # The worker the prompt's leading blocks hash to, within a load bound: replicas agree.
+    PREFIX_HASH = "prefix-hash"
 
 
 # A worker whose map matches is passed over when it has more than this many queued requests
@@ -95,3 +100,36 @@ def prefix_choice(
     queued = load_key(loads[chosen])[0] - load_key(loads[fallback])[0]
     full = loads[chosen].num_total_blocks > 0 and loads[chosen].num_free_blocks == 0
     return fallback if queued > PREFIX_BALANCE_SLACK or full else chosen
+
+
+def rendezvous_rank(key: bytes, addresses: Sequence[str]) -> list[int]:
+    """Indexes of `addresses` in `key`'s order of preference (rendezvous hashing: each worker's
+    score is a hash of the key and its address). Every process ranks alike; a worker that comes
+    or goes moves only the keys it ranks first."""
+
+    def score(index: int) -> bytes:
+        return hashlib.blake2b(key + addresses[index].encode(), digest_size=8).digest()
+
+    return sorted(range(len(addresses)), key=score, reverse=True)
+
+
+def rendezvous_choice(
+    loads: Sequence[WorkerLoad], addresses: Sequence[str], key: bytes | None, turn: int
+) -> int:
+    """Index of the worker for a prompt whose leading blocks hash to `key`: the first in the
+    key's ranking whose queue is within PREFIX_BALANCE_SLACK of the least-loaded worker's and
+    that has a free KV block (bounded-load consistent hashing: an overloaded worker's keys
+    spill to their next worker, the same one in every replica). No key (no full block) or no
+    worker within the bound: `least_loaded`."""
+    if len(addresses) != len(loads):
+        raise ValueError(f"addresses: {len(addresses)} for {len(loads)} workers")
+    fallback = least_loaded(loads, turn)
+    if key is None:
+        return fallback
+    lightest = load_key(loads[fallback])[0]
+    for index in rendezvous_rank(key, addresses):
+        load = loads[index]
+        full = load.num_total_blocks > 0 and load.num_free_blocks == 0
+        if load_key(load)[0] - lightest <= PREFIX_BALANCE_SLACK and not full:
+            return index
+    return fallback

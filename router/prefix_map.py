@@ -20,7 +20,9 @@ from pdserve.core.block_pool import BlockHash, cache_root, chain_hashes
 # Per worker: 4096 blocks of 16 tokens are 64 Ki prompt tokens, about what the default decode
 # pool (1024 blocks) and a few of its recent requests' prefixes hold; bounded memory (~300 KiB).
 MAX_BLOCKS_PER_WORKER = 4096
-_ROOT = cache_root("pdserve-router")
+# The router's own root (fixed, so every replica hashes a prompt alike): it compares only its own
+# hashes, never the workers'.
+ROUTER_ROOT = cache_root("pdserve-router")
 
 
 class PrefixMap:
@@ -38,7 +40,7 @@ class PrefixMap:
         if self._last is not None and self._last[0] is prompt:
             return self._last[1]
         known: list[BlockHash] = []
-        chain_hashes(_ROOT, prompt, self.block_size, known)
+        chain_hashes(ROUTER_ROOT, prompt, self.block_size, known)
         self._last = (prompt, tuple(known))
         return self._last[1]
 

@@ -22,7 +22,14 @@ from pdserve.core.serving.server import message_limits
 from pdserve.core.serving.tls import secure_channel
 from pdserve.router import metrics
 from pdserve.router.config import RouterConfig, Tier
-from pdserve.router.policy import RoutingPolicy, WorkerLoad, least_loaded, prefix_choice
+from pdserve.router.policy import (
+    RoutingPolicy,
+    WorkerLoad,
+    least_loaded,
+    prefix_choice,
+    rendezvous_choice,
+)
+from pdserve.router.prefix_hash import PrefixHash
 from pdserve.router.prefix_map import PrefixMap
 from pdserve.router.targets import DnsTargets, Resolver, StaticTargets, parse_targets, resolve_dns
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -88,6 +95,7 @@ class WorkerPool(Generic[StubT]):
         make_stub: Callable[[grpc.aio.Channel], StubT],
         config: RouterConfig,
         prefix_map: PrefixMap | None = None,
+        prefix_hash: PrefixHash | None = None,
     ) -> None:
         self.tier = tier
         self.workers: dict[str, Worker[StubT]] = {}
@@ -97,6 +105,7 @@ class WorkerPool(Generic[StubT]):
         self._channel_options = message_limits(config.max_message_bytes)
         self._turn = 0
         self.prefix_map = prefix_map  # set under --routing-policy prefix (shared by both tiers)
+        self.prefix_hash = prefix_hash  # set under --routing-policy prefix-hash (likewise)
         self._closing: set[asyncio.Task[None]] = set()
         self._targets: set[str] = set()  # from the flags or DNS
         self.borrowed: set[str] = set()  # another tier's workers lent to this one (roles.py)
@@ -141,7 +150,8 @@ class WorkerPool(Generic[StubT]):
     ) -> Worker[StubT]:
         """A healthy worker for `prompt`, preferring those not in `avoid` (already tried): the
         least loaded, or under `--routing-policy prefix` the `prefix_choice`. `own`: only the
-        tier's own workers, not borrowed ones (a lent prefill worker cannot receive KV)."""
+        tier's own workers, not borrowed ones (a lent prefill worker cannot receive KV). Under
+        `prefix-hash`, the worker the prompt's leading blocks hash to, within a load bound."""
         live = [
             w
             for w in self.workers.values()
@@ -155,6 +165,10 @@ class WorkerPool(Generic[StubT]):
             raise NoHealthyWorkerError(self.tier)
         self._turn += 1
         loads = [w.load() for w in candidates]
+        if self.prefix_hash is not None:
+            key = self.prefix_hash.key(prompt)
+            addresses = [w.address for w in candidates]
+            return candidates[rendezvous_choice(loads, addresses, key, self._turn)]
         if self.prefix_map is None:
             return candidates[least_loaded(loads, self._turn)]
         hashes = self.prefix_map.hashes(prompt)
@@ -261,8 +275,10 @@ class Registry:
         # One map for both tiers (keys are worker addresses): a request's prompt is hashed once.
         prefix = config.routing_policy is RoutingPolicy.PREFIX
         prefixes = PrefixMap(config.block_size) if prefix else None
-        self.prefill = WorkerPool(Tier.PREFILL, _prefill_stub, config, prefixes)
-        self.decode = WorkerPool(Tier.DECODE, _decode_stub, config, prefixes)
+        hashed = config.routing_policy is RoutingPolicy.PREFIX_HASH
+        keys = PrefixHash(config.block_size, config.prefix_hash_blocks) if hashed else None
+        self.prefill = WorkerPool(Tier.PREFILL, _prefill_stub, config, prefixes, keys)
+        self.decode = WorkerPool(Tier.DECODE, _decode_stub, config, prefixes, keys)
         self._targets = {
             Tier.PREFILL: parse_targets("--prefill", config.prefill_targets, allow_empty=True),
             Tier.DECODE: parse_targets("--decode", config.decode_targets),
