@@ -132,6 +132,29 @@ def test_router_reaches_workers_through_headless_service_dns(
     assert flag(args, "--resolve-interval-seconds") == "5"
 
 
+def test_router_replicas_sit_behind_a_headless_service_and_share_a_routing_policy(
+    render: Render, contract: dict[str, Any]
+) -> None:
+    """Clients reach every replica through dns:/// + round_robin on the headless Service; it
+    carries gRPC only (the ServiceMonitor scrapes each pod once, through the other Service)."""
+    router = {"replicas": 3, "routingPolicy": "prefix-hash", "prefixHashBlocks": 8}
+    objects = render({"router": router}, RELEASE, NAMESPACE)
+    assert one(objects, "Deployment", name_of("router"))["spec"]["replicas"] == 3
+    headless = one(objects, "Service", f"{name_of('router')}-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert (
+        headless["spec"]["selector"]
+        == one(objects, "Service", name_of("router"))["spec"]["selector"]
+    )
+    ports = {p["name"]: p["port"] for p in headless["spec"]["ports"]}
+    assert ports == {"grpc": contract["router"].grpc_port}
+    args = container(objects, "router")["args"]
+    assert flag(args, "--routing-policy") == "prefix-hash"
+    assert flag(args, "--prefix-hash-blocks") == "8"
+    off = render({"router": {"headlessService": {"enabled": False}}}, RELEASE, NAMESPACE)
+    assert f"{name_of('router')}-headless" not in kinds(off, "Service")
+
+
 def test_router_pods_run_the_torch_free_router_image(render: Render) -> None:
     """Default: the `router` target pushed beside the image (`<repository>-router`, same tag);
     router.image overrides either part. Workers keep the full image."""

@@ -20,6 +20,12 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- with $cfg.routingPolicy }}
 - --routing-policy={{ . }}
 {{- end }}
+{{- with $cfg.prefixHashBlocks }}
+- --prefix-hash-blocks={{ . }}
+{{- end }}
+{{- with $cfg.relay }}
+- --relay={{ . }}
+{{- end }}
 {{- with $cfg.maxPromptTokens }}
 - --max-prompt-tokens={{ . }}
 {{- end }}
