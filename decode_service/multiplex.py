@@ -38,6 +38,10 @@ Item: TypeAlias = "tuple[str, TokenDelta | BaseException]"
 
 log = logging.getLogger(__name__)
 
+# Steps that queued up while the stream was sending go out together, up to this many deltas a
+# message (about 30 bytes each: far below the router's --max-message-bytes).
+MAX_DELTAS_PER_MESSAGE = 16384
+
 
 @dataclass
 class _Run:
@@ -107,7 +111,7 @@ class MultiplexStream:
             items = getter.result()
         else:
             items = await self.outbox.get()
-        while not self.outbox.empty():
+        while not self.outbox.empty() and len(items) < MAX_DELTAS_PER_MESSAGE:
             items = items + self.outbox.get_nowait()
         return items
 
