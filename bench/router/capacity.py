@@ -7,8 +7,8 @@ Zero-work fake tiers (`--serve-fakes`: decode emits one token per running reques
 fast as it can) in a process of their own; for each `--relay` path a real `pdserve router`
 process pinned alone to one core (the other cores hold the fakes and this client); per
 concurrency N, N client streams (GenerateStream, `--tokens-per-request` tokens each, a new one as
-soon as one ends) for `--duration` seconds. Router CPU is its utime + stime from /proc over
-that window. One row per (relay, concurrency):
+soon as one ends, spread over `--clients` processes) for `--duration` seconds. Router CPU is its
+utime + stime from /proc over that window. One row per (relay, concurrency):
 
     {"relay": ..., "concurrency": N, "tokens_per_s": ..., "router_cpu": fraction of a core,
      "tokens_per_router_cpu_s": ..., "gap_p50_ms": ..., "gap_p99_ms": ..., "errors": n}
@@ -21,7 +21,9 @@ than OK inside the window.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -37,6 +39,7 @@ from pdserve.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 PROMPT_IDS = list(range(1, 65))  # 64 tokens
 STREAMS_PER_CHANNEL = 64  # client channels, so one HTTP/2 connection does not carry them all
+CLIENT_START_S = 4.0  # client processes start (imports) and their streams warm up
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -53,7 +56,7 @@ class CapacityRow:
 
 
 @dataclass
-class _Tally:
+class ClientTally:
     """What the client streams saw inside the timed window."""
 
     measuring: bool = False
@@ -78,7 +81,7 @@ def router_cpu_seconds(pid: int) -> float:
 
 
 async def _stream_loop(
-    stub: generation_pb2_grpc.GenerationStub, tokens_per_request: int, tally: _Tally
+    stub: generation_pb2_grpc.GenerationStub, tokens_per_request: int, tally: ClientTally
 ) -> None:
     request = generation_pb2.GenerateRequest(
         prompt_token_ids=generation_pb2.TokenIds(ids=PROMPT_IDS),
@@ -100,50 +103,83 @@ async def _stream_loop(
             await asyncio.sleep(0.01)  # a failing router must not spin this loop
 
 
-async def measure(
-    target: str,
-    router_pid: int,
-    relay: str,
-    concurrency: int,
-    duration: float,
-    tokens_per_request: int,
-    warmup: float = 1.0,
-) -> CapacityRow:
-    """`concurrency` streams through the router at `target` for `duration` seconds."""
+async def _client(
+    target: str, streams: int, tokens_per_request: int, start_at: float, duration: float
+) -> ClientTally:
+    """`streams` client streams from `start_at` (time.time()) on, counted for `duration`."""
     channels = [
-        grpc.aio.insecure_channel(target)
-        for _ in range(max(1, -(-concurrency // STREAMS_PER_CHANNEL)))
+        grpc.aio.insecure_channel(target) for _ in range(-(-streams // STREAMS_PER_CHANNEL))
     ]
-    tally = _Tally()
+    tally = ClientTally()
     stubs = [generation_pb2_grpc.GenerationStub(channel) for channel in channels]
     loops = [
         asyncio.create_task(_stream_loop(stubs[i % len(stubs)], tokens_per_request, tally))
-        for i in range(concurrency)
+        for i in range(streams)
     ]
     try:
-        await asyncio.sleep(warmup)
-        cpu_before, started = router_cpu_seconds(router_pid), time.perf_counter()
+        await asyncio.sleep(max(0.0, start_at - time.time()))
         tally.measuring = True
-        await asyncio.sleep(duration)
+        await asyncio.sleep(max(0.0, start_at + duration - time.time()))
         tally.measuring = False
-        cpu, wall = router_cpu_seconds(router_pid) - cpu_before, time.perf_counter() - started
     finally:
         for loop in loops:
             loop.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         for channel in channels:
             await channel.close()
-    gaps = tally.gaps or [0.0]
+    return tally
+
+
+def run_client(
+    target: str, streams: int, tokens_per_request: int, start_at: float, duration: float
+) -> ClientTally:
+    """One client process's share (ProcessPoolExecutor target)."""
+    return asyncio.run(_client(target, streams, tokens_per_request, start_at, duration))
+
+
+def measure(
+    target: str,
+    router_pid: int,
+    relay: str,
+    concurrency: int,
+    duration: float,
+    tokens_per_request: int,
+    clients: int,
+) -> CapacityRow:
+    """`concurrency` streams through the router at `target`, spread over `clients` processes
+    (one Python client process cannot read tokens as fast as a router relays them), counted
+    for `duration` seconds after CLIENT_START_S (processes start, streams warm up)."""
+    shares = [concurrency // clients + (i < concurrency % clients) for i in range(clients)]
+    shares = [share for share in shares if share]
+    start_at = time.time() + CLIENT_START_S
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=spawn) as pool:
+        futures = [
+            pool.submit(run_client, target, share, tokens_per_request, start_at, duration)
+            for share in shares
+        ]
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu_before, started = router_cpu_seconds(router_pid), time.perf_counter()
+        time.sleep(max(0.0, start_at + duration - time.time()))
+        cpu, wall = router_cpu_seconds(router_pid) - cpu_before, time.perf_counter() - started
+        tallies = [future.result() for future in futures]
+    tokens = sum(t.tokens for t in tallies)
+    gaps = [gap for t in tallies for gap in t.gaps] or [0.0]
     return CapacityRow(
         relay=relay,
         concurrency=concurrency,
-        tokens_per_s=round(tally.tokens / wall, 1),
+        tokens_per_s=round(tokens / wall, 1),
         router_cpu=round(cpu / wall, 3),
-        tokens_per_router_cpu_s=round(tally.tokens / cpu, 1) if cpu > 0 else 0.0,
+        tokens_per_router_cpu_s=round(tokens / cpu, 1) if cpu > 0 else 0.0,
         gap_p50_ms=round(percentile(gaps, 50) * 1e3, 3),
         gap_p99_ms=round(percentile(gaps, 99) * 1e3, 3),
-        errors=tally.errors,
+        errors=sum(t.errors for t in tallies),
     )
+
+
+def default_clients(others: set[int]) -> int:
+    """Client processes: every core but the router's, less one for the fakes (at least one)."""
+    return max(1, len(others) - 1)
 
 
 def pinned(core: int | None) -> Callable[[], None] | None:

@@ -39,6 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve.bench.ports import free_port
 from pdserve.bench.router.capacity import (
     CapacityRow,
+    default_clients,
     format_rows,
     measure,
     pinned,
@@ -235,6 +236,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="router relay paths to measure, comma-separated (the router's --relay)",
     )
     capacity.add_argument("--tokens-per-request", type=int, default=256, help="tokens per stream")
+    capacity.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        help="client processes (0: every core but the router's, less one for the fakes)",
+    )
     capacity.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--serve-relay", nargs=3, default=None, help=argparse.SUPPRESS)
 
@@ -257,7 +264,8 @@ def _relay_list(text: str) -> list[str]:
 def _capacity(args: argparse.Namespace) -> list[CapacityRow]:
     """Each relay path in turn, against one set of fakes; the router alone on its core."""
     router_core, others = split_cores()
-    os.sched_setaffinity(0, others)  # this client and, inherited, the fakes
+    os.sched_setaffinity(0, others)  # this process and, inherited, the fakes and clients
+    clients = args.clients or default_clients(others)
     max_queue = str(2 * max(args.concurrency))
     rows: list[CapacityRow] = []
     with tempfile.TemporaryDirectory() as workdir:
@@ -269,15 +277,14 @@ def _capacity(args: argparse.Namespace) -> list[CapacityRow]:
                 try:
                     asyncio.run(_wait_ready(target, timeout=180))
                     for concurrency in args.concurrency:
-                        row = asyncio.run(
-                            measure(
-                                target,
-                                router.pid,
-                                relay,
-                                concurrency,
-                                args.duration,
-                                args.tokens_per_request,
-                            )
+                        row = measure(
+                            target,
+                            router.pid,
+                            relay,
+                            concurrency,
+                            args.duration,
+                            args.tokens_per_request,
+                            clients,
                         )
                         rows.append(row)
                         print(format_rows([row], as_json=True), file=sys.stderr, flush=True)
