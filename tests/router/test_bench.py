@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 
 import grpc
 
+from pdserve.bench.router.capacity import (
+    CapacityRow,
+    format_rows,
+    router_cpu_seconds,
+    split_cores,
+)
 from pdserve.bench.router.cli import (
     PROMPT_IDS,
     BareRelay,
@@ -57,3 +65,33 @@ def test_direct_and_relay_paths_run_against_fake_tiers() -> None:
             assert len(tiers.decode[0].reserves) == 14  # (1 warm-up + 6 timed) x 2 paths
 
     asyncio.run(body())
+
+
+def test_capacity_rows_carry_the_issue_fields_and_cpu_comes_from_proc() -> None:
+    row = CapacityRow(
+        relay="multiplexed",
+        concurrency=16,
+        tokens_per_s=100.0,
+        router_cpu=0.5,
+        tokens_per_router_cpu_s=200.0,
+        gap_p50_ms=1.0,
+        gap_p99_ms=2.0,
+        errors=0,
+    )
+    fields = json.loads(format_rows([row], as_json=True))
+    assert list(fields) == [
+        "relay",
+        "concurrency",
+        "tokens_per_s",
+        "router_cpu",
+        "tokens_per_router_cpu_s",
+        "gap_p50_ms",
+        "gap_p99_ms",
+        "errors",
+    ]
+    assert format_rows([row], as_json=False).splitlines()[1].split()[:2] == ["multiplexed", "16"]
+    before = router_cpu_seconds(os.getpid())
+    sum(range(3_000_000))  # some CPU of our own
+    assert router_cpu_seconds(os.getpid()) > before
+    router_core, others = split_cores()
+    assert router_core not in others and others
