@@ -91,20 +91,20 @@ class Dispatcher:
         """The request's deltas; close it (aclosing) so a cancel runs its cleanup."""
         emitted: list[int] = []
         left: list[str] = []  # decode workers this request must not go back to (lost, drained)
-        moved: tuple[Worker[DecodeAsyncStub], StartCall] | None = None  # a live migration's
+        # Where the next run goes: a live migration's target, else wherever it is placed.
+        target: tuple[Worker[DecodeAsyncStub], StartCall] | None = None
         while True:
-            if moved is not None:
-                runs = self._relay(*moved, request.request_id)
-            else:
+            if target is None:
                 run = _continued(request, emitted) if emitted else request
-                runs = self._run(run, deadline, clock, avoid=left)
+                target = await self._place(run, deadline, clock, avoid=left)
             try:
-                async for delta in runs:
+                # Straight from the relay (no generator in between: each one costs every delta).
+                async for delta in self._relay(*target, request.request_id):
                     emitted.extend(delta.token_ids)
                     yield delta
                 return
             except WorkerLostError as failure:
-                moved = None
+                target = None
                 left.append(failure.address)
                 self._check_migratable(failure, left, len(emitted))
                 metrics.MIGRATIONS.labels("migrated").inc()
@@ -116,7 +116,7 @@ class Dispatcher:
                 )
             except StreamSuspended as suspended:
                 left.append(suspended.source.address)
-                moved = await self._move_live(request, emitted, suspended, deadline, left)
+                target = await self._move_live(request, emitted, suspended, deadline, left)
 
     async def _move_live(
         self,
@@ -149,20 +149,18 @@ class Dispatcher:
             f"({failure.cause.details()}); no other decode worker could take the request over",
         )
 
-    async def _run(
+    async def _place(
         self,
         request: ValidatedRequest,
         deadline: Deadline,
         clock: RequestClock,
         avoid: Collection[str],
-    ) -> AsyncIterator[decode_pb2.TokenDelta]:
-        """One run on one decode worker, prefilled where the placement says."""
+    ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
+        """One run's decode worker (one `acquire` held for `_relay`) and the call that starts
+        it there, prefilled where the placement says."""
         if self.config.placement_mode is PlacementMode.ADAPTIVE:
-            decode, start = await self._adaptive(request, deadline, clock, avoid)
-        else:
-            decode, start = await self._threshold(request, deadline, clock, avoid)
-        async for delta in self._relay(decode, start, request.request_id):
-            yield delta
+            return await self._adaptive(request, deadline, clock, avoid)
+        return await self._threshold(request, deadline, clock, avoid)
 
     async def _threshold(
         self,
