@@ -34,6 +34,7 @@ def serve_fakes(address_file: Path) -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         async with fake_tiers() as tiers:
+            tiers.decode[0].knobs.step_seconds = 0.0  # steps as fast as it can
             addresses = [tiers.prefill_addresses[0], tiers.decode_addresses[0]]
             # Whole or not at all: a reader polls for the file.
             partial = address_file.with_name(address_file.name + ".partial")

@@ -42,6 +42,10 @@ class Knobs:
     load_delay_seconds: float = 0.0  # Load answers this late, as a busy process may
     # A decode stream breaks (UNAVAILABLE, as from a killed process) after this many tokens.
     lost_after_tokens: int | None = None
+    # Multiplex: one engine step's time when delay_seconds is 0. A real step takes milliseconds;
+    # steps with no time at all would outrun a router relaying them in the same event loop, and
+    # its coalescing would merge tokens a test expects one by one. The benchmark sets 0.
+    step_seconds: float = 0.002
 
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
@@ -217,7 +221,7 @@ class FakeMultiplex:
     """One router's Multiplex stream on a FakeDecode: commands start and cancel runs; each step
     sends one message with the next delta of every run (a start's error as that request's
     delta). `lost_after_tokens` breaks the whole stream (UNAVAILABLE), as a killed process
-    does; `delay_seconds` sleeps between steps."""
+    does; a step takes `delay_seconds`, else `step_seconds`."""
 
     def __init__(self, decode: FakeDecode, context: Context) -> None:
         self.decode = decode
@@ -245,8 +249,10 @@ class FakeMultiplex:
                     waking.cancel()
                     continue
                 yield await self._step()
-                if self.decode.knobs.delay_seconds:
-                    await asyncio.sleep(self.decode.knobs.delay_seconds)
+                knobs = self.decode.knobs
+                pause = knobs.delay_seconds or knobs.step_seconds
+                if pause:
+                    await asyncio.sleep(pause)
         finally:
             reader.cancel()
             for task in self.starting.values():
