@@ -31,11 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from pdserve.bench.router.stats import percentile
 from pdserve.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+
+if TYPE_CHECKING:
+    from pdserve.v1.generation_pb2_grpc import GenerationAsyncStub
 
 PROMPT_IDS = list(range(1, 65))  # 64 tokens
 STREAMS_PER_CHANNEL = 64  # client channels, so one HTTP/2 connection does not carry them all
@@ -81,7 +85,7 @@ def router_cpu_seconds(pid: int) -> float:
 
 
 async def _stream_loop(
-    stub: generation_pb2_grpc.GenerationStub, tokens_per_request: int, tally: ClientTally
+    stub: GenerationAsyncStub, tokens_per_request: int, tally: ClientTally
 ) -> None:
     request = generation_pb2.GenerateRequest(
         prompt_token_ids=generation_pb2.TokenIds(ids=PROMPT_IDS),
