@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -285,7 +286,10 @@ class FakeMultiplex:
                 local = command.generate_local
                 task = asyncio.create_task(self._generate_local(local))
                 self.starting[local.request_id] = task
-                task.add_done_callback(lambda _, key=local.request_id: self.starting.pop(key))
+                task.add_done_callback(functools.partial(self._started, local.request_id))
+
+    def _started(self, request_id: str, task: asyncio.Task[None]) -> None:
+        del self.starting[request_id]
 
     def _cancel(self, request_id: str) -> None:
         """As a cancelled Generate / GenerateLocal call."""
