@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from dataclasses import dataclass
@@ -100,6 +101,9 @@ async def _become_ready(router: Router, source: ModelSource) -> None:
         router.admission.validator = await asyncio.to_thread(
             load_validator, model_dir, router.config.caps
         )
+        # What is loaded now (modules, the tokenizer) lives as long as the process: out of the
+        # collector's sight, a full collection under load scans only the requests' objects.
+        gc.freeze()
         while not router.registry.ready():
             await asyncio.sleep(router.config.load_poll_interval_seconds)
     except Exception:
