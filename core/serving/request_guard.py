@@ -6,8 +6,8 @@ call: a flood of garbage would fill the log. `RequestGuard`, the interceptor on 
 server, takes the deserializer out of each unary-request handler and runs it inside the handler
 instead, where the call is refused with INVALID_ARGUMENT and one rate-limited log line. There,
 before decoding, it also runs the server's peer check (mTLS identity, `tls.allowed_peers`).
-Stream-request methods (only reflection's: pdserve has none) keep grpc's own decoding, but pass
-the same peer check before their first message is read.
+Stream-request methods (reflection's, and Decode.Multiplex, which only the router calls) keep
+grpc's own decoding, but pass the same peer check before their first message is read.
 """
 
 from __future__ import annotations
