@@ -6,8 +6,8 @@ call: a flood of garbage would fill the log. `RequestGuard`, the interceptor on 
 server, takes the deserializer out of each unary-request handler and runs it inside the handler
 instead, where the call is refused with INVALID_ARGUMENT and one rate-limited log line. There,
 before decoding, it also runs the server's peer check (mTLS identity, `tls.allowed_peers`).
-Stream-request methods (reflection's, and Decode.Multiplex, which only the router calls) keep
-grpc's own decoding, but pass the same peer check before their first message is read.
+Stream-request methods (reflection's, Decode.Multiplex) get the same: the peer check, then each
+streamed message decoded inside the call, the first one before the method runs.
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ class _Admission:
     async def request(self, raw: bytes, context: Context) -> Any:
         if self.check_peer is not None:
             await self.check_peer(context)
+        return await self.decode(raw, context)
+
+    async def decode(self, raw: bytes, context: Context) -> Any:
         return await decode_or_refuse(self.deserialize, raw, self.method, context)
 
 
@@ -106,45 +109,62 @@ def _guarded_stream(behavior: Streaming, admission: _Admission) -> Streaming:
     return handle
 
 
-def _peer_checked(behavior: Any, check_peer: PeerCheck) -> Any:
-    """A stream-request behaviour (async generator or coroutine) that admits the caller first."""
-    if inspect.isasyncgenfunction(behavior):
+async def _decoded(
+    raw_requests: Requests, admission: _Admission, context: Context
+) -> AsyncIterator[Any]:
+    """A stream of requests, decoded one by one (a bad one ends the call INVALID_ARGUMENT). The
+    first is read and decoded before the method runs, so a stream that starts with garbage is
+    refused as a unary call is, whatever the method would have done."""
+    if admission.check_peer is not None:
+        await admission.check_peer(context)
+    iterator = aiter(raw_requests)
+    first: list[Any] = []  # empty when the stream ends before its first message
+    async for raw in iterator:
+        first.append(await admission.decode(raw, context))
+        break
 
-        async def stream(requests: Requests, context: Context) -> AsyncIterator[Any]:
-            await check_peer(context)
-            async for response in behavior(requests, context):
-                yield response
+    async def requests() -> AsyncIterator[Any]:
+        for request in first:
+            yield request
+        async for raw in iterator:
+            yield await admission.decode(raw, context)
 
-        return stream
-
-    async def call(requests: Requests, context: Context) -> Any:
-        await check_peer(context)
-        return await behavior(requests, context)
-
-    return call
+    return requests()
 
 
-def _guarded_stream_request(handler: Handler, check_peer: PeerCheck) -> Handler:
-    deserialize, serialize = handler.request_deserializer, handler.response_serializer
+def _guarded_stream_request(handler: Handler, admission: _Admission) -> Handler:
+    serialize = handler.response_serializer
     stream_stream: Any = handler.stream_stream
     if stream_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(
-            _peer_checked(stream_stream, check_peer), deserialize, serialize
-        )
+        if inspect.isasyncgenfunction(stream_stream):
+
+            async def stream(raw_requests: Requests, context: Context) -> AsyncIterator[Any]:
+                requests = await _decoded(raw_requests, admission, context)
+                async for response in stream_stream(requests, context):
+                    yield response
+
+            return grpc.stream_stream_rpc_method_handler(stream, None, serialize)
+
+        async def writes(raw_requests: Requests, context: Context) -> Any:
+            return await stream_stream(await _decoded(raw_requests, admission, context), context)
+
+        return grpc.stream_stream_rpc_method_handler(writes, None, serialize)
     stream_unary: Any = handler.stream_unary
-    return grpc.stream_unary_rpc_method_handler(
-        _peer_checked(stream_unary, check_peer), deserialize, serialize
-    )
+
+    async def call(raw_requests: Requests, context: Context) -> Any:
+        return await stream_unary(await _decoded(raw_requests, admission, context), context)
+
+    return grpc.stream_unary_rpc_method_handler(call, None, serialize)
 
 
 def guarded(handler: Handler, method: str, check_peer: PeerCheck | None) -> Handler:
     """The same handler, admitting the caller and decoding its request inside the call."""
     deserialize = handler.request_deserializer
-    if handler.request_streaming:
-        return handler if check_peer is None else _guarded_stream_request(handler, check_peer)
     if deserialize is None:
         return handler
     admission = _Admission(method, deserialize, check_peer)
+    if handler.request_streaming:
+        return _guarded_stream_request(handler, admission)
     serialize = handler.response_serializer
     unary: Any = handler.unary_unary
     if unary is not None:
