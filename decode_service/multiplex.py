@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import grpc
 
@@ -33,7 +33,6 @@ from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.v1 import common_pb2, decode_pb2
 
-Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 Item: TypeAlias = "tuple[str, TokenDelta | BaseException]"
 
 log = logging.getLogger(__name__)
