@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 
 import grpc
+import pytest
 
 from pdserve.bench.router.capacity import (
     CapacityRow,
@@ -95,3 +98,21 @@ def test_capacity_rows_carry_the_issue_fields_and_cpu_comes_from_proc() -> None:
     assert router_cpu_seconds(os.getpid()) > before
     router_core, others = split_cores()
     assert router_core not in others and others
+
+
+@pytest.mark.integration
+def test_the_capacity_command_measures_both_relay_paths() -> None:
+    """The door end to end: fakes and a router in processes of their own, one row per path."""
+    command = [sys.executable, "-m", "pdserve", "bench", "router", "--capacity", "--json"]
+    command += ["--concurrency", "4", "--duration", "1", "--clients", "1"]
+    command += ["--tokens-per-request", "16"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(row["relay"], row["concurrency"]) for row in rows] == [
+        ("per-request", 4),
+        ("multiplexed", 4),
+    ]
+    for row in rows:
+        assert row["tokens_per_s"] > 0 and 0 < row["router_cpu"] <= 1.05, row
+        assert row["errors"] == 0 and row["gap_p99_ms"] >= row["gap_p50_ms"] > 0, row
