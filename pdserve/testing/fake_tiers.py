@@ -46,7 +46,7 @@ class Knobs:
     # Multiplex: one engine step's time when delay_seconds is 0. A real step takes milliseconds;
     # steps with no time at all would outrun a router relaying them in the same event loop, and
     # its coalescing would merge tokens a test expects one by one. The benchmark sets 0.
-    step_seconds: float = 0.002
+    step_seconds: float = 0.005
 
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
