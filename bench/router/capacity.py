@@ -21,7 +21,6 @@ than OK inside the window.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -30,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 PROMPT_IDS = list(range(1, 65))  # 64 tokens
 STREAMS_PER_CHANNEL = 64  # client channels, so one HTTP/2 connection does not carry them all
-CLIENT_START_S = 4.0  # client processes start (imports) and their streams warm up
+WARMUP_S = 1.0  # each client's streams run this long before the window opens
+CLIENT_START_TIMEOUT_S = 300.0  # a client process that has not started by then fails the row
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -108,9 +109,10 @@ async def _stream_loop(
 
 
 async def _client(
-    target: str, streams: int, tokens_per_request: int, start_at: float, duration: float
+    target: str, streams: int, tokens_per_request: int, start: Barrier, duration: float
 ) -> ClientTally:
-    """`streams` client streams from `start_at` (time.time()) on, counted for `duration`."""
+    """`streams` client streams, warmed up, then counted for `duration` seconds from the moment
+    every client process and the parent have passed `start`."""
     channels = [
         grpc.aio.insecure_channel(target) for _ in range(-(-streams // STREAMS_PER_CHANNEL))
     ]
@@ -121,9 +123,10 @@ async def _client(
         for i in range(streams)
     ]
     try:
-        await asyncio.sleep(max(0.0, start_at - time.time()))
+        await asyncio.sleep(WARMUP_S)
+        await asyncio.to_thread(start.wait)
         tally.measuring = True
-        await asyncio.sleep(max(0.0, start_at + duration - time.time()))
+        await asyncio.sleep(duration)
         tally.measuring = False
     finally:
         for loop in loops:
@@ -134,11 +137,16 @@ async def _client(
     return tally
 
 
-def run_client(
-    target: str, streams: int, tokens_per_request: int, start_at: float, duration: float
-) -> ClientTally:
-    """One client process's share (ProcessPoolExecutor target)."""
-    return asyncio.run(_client(target, streams, tokens_per_request, start_at, duration))
+def _client_process(
+    target: str,
+    streams: int,
+    tokens_per_request: int,
+    start: Barrier,
+    duration: float,
+    results: multiprocessing.Queue[ClientTally],
+) -> None:
+    """One client process's share (a spawned process)."""
+    results.put(asyncio.run(_client(target, streams, tokens_per_request, start, duration)))
 
 
 def measure(
@@ -152,21 +160,28 @@ def measure(
 ) -> CapacityRow:
     """`concurrency` streams through the router at `target`, spread over `clients` processes
     (one Python client process cannot read tokens as fast as a router relays them), counted
-    for `duration` seconds after CLIENT_START_S (processes start, streams warm up)."""
+    for `duration` seconds once every process has warmed up (a barrier starts the window)."""
     shares = [concurrency // clients + (i < concurrency % clients) for i in range(clients)]
     shares = [share for share in shares if share]
-    start_at = time.time() + CLIENT_START_S
     spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=spawn) as pool:
-        futures = [
-            pool.submit(run_client, target, share, tokens_per_request, start_at, duration)
-            for share in shares
-        ]
-        time.sleep(max(0.0, start_at - time.time()))
-        cpu_before, started = router_cpu_seconds(router_pid), time.perf_counter()
-        time.sleep(max(0.0, start_at + duration - time.time()))
-        cpu, wall = router_cpu_seconds(router_pid) - cpu_before, time.perf_counter() - started
-        tallies = [future.result() for future in futures]
+    start = spawn.Barrier(len(shares) + 1)
+    results: multiprocessing.Queue[ClientTally] = spawn.Queue()
+    processes = [
+        spawn.Process(
+            target=_client_process,
+            args=(target, share, tokens_per_request, start, duration, results),
+        )
+        for share in shares
+    ]
+    for process in processes:
+        process.start()
+    start.wait(timeout=CLIENT_START_TIMEOUT_S)
+    cpu_before, started = router_cpu_seconds(router_pid), time.perf_counter()
+    time.sleep(duration)
+    cpu, wall = router_cpu_seconds(router_pid) - cpu_before, time.perf_counter() - started
+    tallies = [results.get(timeout=CLIENT_START_TIMEOUT_S) for _ in processes]
+    for process in processes:
+        process.join()
     tokens = sum(t.tokens for t in tallies)
     gaps = [gap for t in tallies for gap in t.gaps] or [0.0]
     return CapacityRow(

@@ -95,9 +95,10 @@ def test_one_message_per_step_carries_every_request_and_each_matches_its_own_str
             loop.stop()
         deltas = [delta for step in steps for delta in step.deltas]
         failed = [d for d in deltas if d.error_code]
-        # A Generate of no reservation: its own call's code, on that request alone.
+        # A Generate here (an LLMEngine, not a decode worker's): the code its own call answers,
+        # on that request alone.
         assert [(d.request_id, d.error_code) for d in failed] == [
-            ("nobody", grpc.StatusCode.NOT_FOUND.value[0])
+            ("nobody", grpc.StatusCode.FAILED_PRECONDITION.value[0])
         ]
         # A step of the batch is one message holding all eight requests' tokens: about one
         # message per step, not one per request per token (80).
