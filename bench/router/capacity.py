@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from pdserve.bench.router.stats import percentile
-from pdserve.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+from pdserve.client import build_request
+from pdserve.v1 import common_pb2, generation_pb2_grpc
 
 if TYPE_CHECKING:
     from pdserve.v1.generation_pb2_grpc import GenerationAsyncStub
@@ -88,10 +89,8 @@ def router_cpu_seconds(pid: int) -> float:
 async def _stream_loop(
     stub: GenerationAsyncStub, tokens_per_request: int, tally: ClientTally
 ) -> None:
-    request = generation_pb2.GenerateRequest(
-        prompt_token_ids=generation_pb2.TokenIds(ids=PROMPT_IDS),
-        sampling=common_pb2.SamplingParams(max_tokens=tokens_per_request),
-    )
+    sampling = common_pb2.SamplingParams(max_tokens=tokens_per_request)
+    request = build_request(PROMPT_IDS, sampling=sampling)
     while True:
         last: float | None = None
         try:
