@@ -28,7 +28,7 @@ from pdserve.core.outputs import TokenDelta
 from pdserve.core.serving.grpc_errors import status_code_for
 from pdserve.core.serving.proto_convert import finish_reason_to_proto
 from pdserve.core.serving.sampling_proto import sampling_from_proto
-from pdserve.core.serving.tier_runtime import TierRuntime
+from pdserve.core.serving.tier_runtime import TierRuntime, abort_and_unsubscribe
 from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.v1 import common_pb2, decode_pb2
@@ -190,7 +190,7 @@ class MultiplexStream:
     def _abort_on_engine(self, request_id: str) -> None:
         loop = self.runtime.loop
         if loop is not None:
-            loop.call(lambda: (loop.unsubscribe(request_id), loop.engine.abort(request_id)))
+            loop.call(functools.partial(abort_and_unsubscribe, loop, request_id))
 
     def _step(self, items: list[Item]) -> decode_pb2.DecodeStep:
         """The items as one message; the tokens counted once for the whole step."""

@@ -105,7 +105,7 @@ class TierRuntime:
                 loop.unsubscribe(request_id)
                 raise
 
-        await self.call(subscribe_and_start, undo=lambda: _abort_and_unsubscribe(loop, request_id))
+        await self.call(subscribe_and_start, undo=lambda: abort_and_unsubscribe(loop, request_id))
         finished = False
         try:
             while not finished:
@@ -117,10 +117,11 @@ class TierRuntime:
                 yield item
         finally:
             if not finished:
-                loop.call(lambda: _abort_and_unsubscribe(loop, request_id))
+                loop.call(lambda: abort_and_unsubscribe(loop, request_id))
 
 
-def _abort_and_unsubscribe(loop: EngineLoop, request_id: str) -> None:
+def abort_and_unsubscribe(loop: EngineLoop, request_id: str) -> None:
+    """What a caller that stops waiting leaves behind (engine thread): nothing of the request."""
     loop.unsubscribe(request_id)
     loop.engine.abort(request_id)
 
