@@ -3,8 +3,9 @@
 The small Mistral of tests/conftest.py (window 32) on one prefill and one decode worker with small
 pools (decode preempts: swap and recompute) and the prefix cache on: greedy tokens equal
 transformers' for prompts of 1-500 tokens and 48 new ones, twice, and for one prompt sent alone
-twice (the second time prefill takes its window from the prefix cache). Decode receives only each prompt's blocks in the window of its first
-step, both tiers count the blocks their windows freed, and nothing is left held.
+twice (the second time prefill takes its window from the prefix cache). Decode receives only each
+prompt's blocks in the window of its first step, both tiers count the blocks their windows freed,
+and nothing is left held.
 """
 
 from __future__ import annotations
