@@ -20,11 +20,9 @@ Reservations nobody claims within `reservation_ttl_s` (a router that died) are f
 transfers that do not land within `kv_timeout_s`.
 
 Live migration (a draining worker moves its streams, docs/elasticity.md):
-- here, the draining side: `suspend` takes a request out of the batch between two steps, keeping
-  its blocks when its KV is all on the device (caught up: every token but the last computed), and
-  ends its stream (`RequestSuspended`); `migrate` pushes those blocks over UCX into another
-  worker's reservation with this worker's own `KVSender`, then frees them. A suspended request
-  nobody migrates within `reservation_ttl_s` is freed.
+- here, the draining side: `suspend` takes a request out of the batch between two steps and ends
+  its stream (`RequestSuspended`); `migration_out.py` keeps its blocks for `migrate`, which pushes
+  them into another worker's reservation.
 - there, the receiving side: `reserve(..., live_migration=True)` is a reservation for the prompt
   and the streamed output but its last token, whose KV the next step computes; `start` brings
   that last token, which joins the output without being sent again, and the request decodes on.
@@ -40,14 +38,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.engine_load import EngineLoad
 from pdserve.core.errors import (
     KVNotArrivedError,
-    KVNotOnDeviceError,
-    NotServedHereError,
     QueueFullError,
     RequestSuspended,
     TransferTokenError,
@@ -64,15 +59,13 @@ from pdserve.core.sampling_params import (
 )
 from pdserve.core.transfer.interface import (
     KVReceiverLike,
-    KVSenderLike,
     SendResult,
     TransferDescriptor,
     TransferState,
-    send_whole,
 )
+from pdserve.decode_service.migration_out import OutgoingMigrations, SenderFactory
 
 ReceiverFactory = Callable[[KVCache], KVReceiverLike]
-SenderFactory = Callable[[], KVSenderLike]
 Delivery = tuple[str, TokenDelta | BaseException]
 
 
@@ -101,13 +94,6 @@ class _Reservation:
     live: bool = False  # a live migration's: `first_token` was streamed by the worker it left
 
 
-@dataclass(frozen=True)
-class _Suspended:
-    request: Request
-    kv_ready: bool
-    since: float
-
-
 class DecodeEngine(LLMEngine):
     def __init__(
         self,
@@ -120,15 +106,17 @@ class DecodeEngine(LLMEngine):
         super().__init__(model_dir, config)
         self.limits = limits
         self.receiver = receiver_factory(self.runner.kv_cache)
-        self._sender_factory = sender_factory
-        self._sender: KVSenderLike | None = None  # made at the first live migration out
         self._queued = ReservationQueue[_Reservation](self.scheduler)  # waiting for blocks
         self._reserved: dict[str, _Reservation] = {}  # blocks held, KV expected
         self._failed: dict[str, str] = {}  # freed before Generate came: request id -> why
-        self._suspended: dict[str, _Suspended] = {}  # out of the batch, waiting for `migrate`
+        self.outgoing = OutgoingMigrations(  # out of the batch, waiting for `migrate`
+            self.scheduler.kv_manager,
+            self.runner.kv_cache,
+            config.block_size,
+            sender_factory,
+            limits.reservation_ttl_s,
+        )
         self._outbox: list[Delivery] = []  # deliveries made between polls (suspended streams)
-        self.num_migrated_out = 0  # requests whose KV left for another worker (live)
-        self.migrated_kv_bytes = 0
 
     # -- commands (engine thread) ---------------------------------------------------------
 
@@ -182,7 +170,7 @@ class DecodeEngine(LLMEngine):
 
     def _knows(self, request_id: str) -> bool:
         queued = self._queued.get(request_id) is not None
-        held = request_id in self._reserved or request_id in self._suspended
+        held = request_id in self._reserved or request_id in self.outgoing
         return queued or held or request_id in self.requests
 
     def start(self, request_id: str, token: bytes, first_token: int) -> None:
@@ -203,9 +191,7 @@ class DecodeEngine(LLMEngine):
     def abort(self, request_id: str) -> None:
         """Frees whatever the request holds, at any stage (unknown ids are ignored)."""
         self._failed.pop(request_id, None)
-        suspended = self._suspended.pop(request_id, None)
-        if suspended is not None:
-            self._free_suspended(suspended)
+        if self.outgoing.abort(request_id):
             return
         queued = self._queued.get(request_id)
         if queued is not None:
@@ -223,15 +209,13 @@ class DecodeEngine(LLMEngine):
     # -- background work (the engine loop polls this between steps) -----------------------
 
     def pending(self) -> bool:
-        return bool(self._queued or self._reserved or self._suspended or self._outbox)
+        return bool(self._queued or self._reserved or self.outgoing or self._outbox)
 
     def poll(self) -> list[Delivery]:
         self._grant_queued()
         deliveries, self._outbox = self._outbox, []
         now = time.monotonic()
-        for request_id, suspended in list(self._suspended.items()):
-            if now - suspended.since > self.limits.reservation_ttl_s:
-                self.abort(request_id)  # the router that suspended it is gone
+        self.outgoing.expire(now)
         for request_id, reservation in list(self._reserved.items()):
             # Polled before Generate too: bytes land as soon as they arrive, and a failed
             # transfer (prefill died mid-send) frees its blocks at once, not at the TTL.
@@ -352,9 +336,8 @@ class DecodeEngine(LLMEngine):
         self.scheduler.detach(request)
         if not kv_ready:
             self.scheduler.kv_manager.free_for_recompute(request)
-        request.status = RequestStatus.SUSPENDED
         del self.requests[request_id], self._detokenizers[request_id]
-        self._suspended[request_id] = _Suspended(request, kv_ready, time.monotonic())
+        self.outgoing.hold(request, kv_ready)
         self._outbox.append((request_id, RequestSuspended(request_id)))
         return Suspension.KV_READY if kv_ready else Suspension.KV_FREED
 
@@ -363,42 +346,4 @@ class DecodeEngine(LLMEngine):
     ) -> concurrent.futures.Future[SendResult]:
         """Pushes a suspended request's KV into `destination` (another worker's live-migration
         reservation) and frees it here; the future settles when the other worker took it all."""
-        suspended = self._suspended.pop(request_id, None)
-        if suspended is None:
-            raise UnknownRequestError(f"request_id: {request_id!r} is not suspended here")
-        request = suspended.request
-        try:
-            if not suspended.kv_ready:
-                raise KVNotOnDeviceError(
-                    f"request {request_id!r}: its KV was not all on the device; re-prefill it"
-                )
-            skipped = destination.first_block  # held there already, or out of the window
-            computed = request.num_computed_tokens
-            sending = send_whole(
-                self._kv_sender(),
-                destination,
-                self.runner.kv_cache,
-                request.block_ids[skipped : blocks_for(computed, self.config.block_size)],
-                computed - skipped * self.config.block_size,
-            )
-        finally:
-            self._free_suspended(suspended)  # the pushes copied the blocks out (staging)
-        sending.add_done_callback(self._count_migrated)
-        return sending
-
-    def _kv_sender(self) -> KVSenderLike:
-        if self._sender is None:
-            if self._sender_factory is None:
-                raise NotServedHereError("this decode worker has no KV sender for live migration")
-            self._sender = self._sender_factory()
-        return self._sender
-
-    def _free_suspended(self, suspended: _Suspended) -> None:
-        self.scheduler.kv_manager.free(suspended.request)
-        suspended.request.status = RequestStatus.FINISHED_ABORTED
-
-    def _count_migrated(self, sending: concurrent.futures.Future[SendResult]) -> None:
-        """Runs on the sender's thread; plain int updates, read by gauges only."""
-        if not sending.cancelled() and sending.exception() is None:
-            self.num_migrated_out += 1
-            self.migrated_kv_bytes += sending.result().nbytes
+        return self.outgoing.migrate(request_id, destination)

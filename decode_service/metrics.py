@@ -63,10 +63,10 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     )
     Gauge(
         "pdserve_decode_live_migrations_out", "Streams whose KV moved live to another worker"
-    ).set_function(lambda: engine.num_migrated_out)
+    ).set_function(lambda: engine.outgoing.num_migrated)
     Gauge(
         "pdserve_decode_live_migration_kv_bytes", "KV bytes sent by live migrations out"
-    ).set_function(lambda: engine.migrated_kv_bytes)
+    ).set_function(lambda: engine.outgoing.migrated_kv_bytes)
     Gauge("pdserve_decode_kv_received_bytes", "KV bytes received over UCX").set_function(
         lambda: getattr(receiver, "bytes_received", 0)
     )

@@ -22,15 +22,13 @@ from typing import TypeAlias
 
 import grpc
 
-from pdserve.core.engine import LLMEngine
 from pdserve.core.errors import RequestSuspended
 from pdserve.core.outputs import TokenDelta
 from pdserve.core.serving.grpc_errors import status_code_for
 from pdserve.core.serving.proto_convert import finish_reason_to_proto
-from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime, abort_and_unsubscribe
 from pdserve.decode_service import metrics
-from pdserve.decode_service.engine import DecodeEngine
+from pdserve.decode_service.request_start import RequestStart, local_start, transferred_start
 from pdserve.v1 import common_pb2, decode_pb2
 
 Item: TypeAlias = "tuple[str, TokenDelta | BaseException]"
@@ -51,10 +49,6 @@ class _Run:
     started: float
     last: float
     streamed: int = 0
-
-
-# A request ready to start: its run, and what starts it on the engine thread.
-Prepared: TypeAlias = "tuple[_Run, Callable[[], None]]"
 
 
 class _Group:
@@ -121,21 +115,23 @@ class MultiplexStream:
                 self._cancel(command.cancel)
             elif kind == "generate":
                 generate = command.generate
-                self._start(generate.request_id, functools.partial(self._generate, generate))
+                prepare = functools.partial(transferred_start, self.runtime, generate)
+                self._start(generate.request_id, prepare)
             elif kind == "generate_local":
                 local = command.generate_local
-                self._start(local.request_id, functools.partial(self._generate_local, local))
+                self._start(local.request_id, functools.partial(local_start, self.runtime, local))
         # The router half-closed: it will send nothing more, but its requests run to their end.
 
-    def _start(self, request_id: str, prepare: Callable[[], Prepared]) -> None:
+    def _start(self, request_id: str, prepare: Callable[[], RequestStart]) -> None:
         """Starts a request on the engine thread; an error comes back as its delta."""
         try:
-            run, start = prepare()
+            starting = prepare()
         except Exception as error:  # as the request's own call would have ended
             self.runs[request_id] = self._new_run(common_pb2.Usage(), movable=False)
             self.outbox.put_nowait([(request_id, error)])
             return
-        self.runs[request_id] = run
+        self.runs[request_id] = self._new_run(starting.usage, starting.movable)
+        start = starting.start
         loop = self.runtime.engine_loop()
         group = self.group
 
@@ -149,29 +145,6 @@ class MultiplexStream:
                 group.flush()
 
         loop.call(join_and_start)
-
-    def _generate(self, request: decode_pb2.DecodeRequest) -> Prepared:
-        engine = self.runtime.engine(DecodeEngine)
-        run = self._new_run(common_pb2.Usage(), movable=True)
-
-        def start() -> None:
-            engine.start(request.request_id, request.transfer_token, request.first_token_id)
-            run.usage.prompt_tokens, run.usage.completion_tokens = engine.token_counts(
-                request.request_id
-            )
-
-        return run, start
-
-    def _generate_local(self, request: decode_pb2.GenerateLocalRequest) -> Prepared:
-        self.runtime.check_accepting()
-        params = sampling_from_proto(request.sampling, request.priority)
-        engine = self.runtime.engine(LLMEngine)  # a prefill worker runs these too
-        prompt = list(request.prompt_token_ids)
-        resumed = list(request.resumed_output_token_ids)
-        usage = common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed))
-        run = self._new_run(usage, movable=isinstance(engine, DecodeEngine))
-        metrics.LOCAL_PREFILLS.inc()
-        return run, lambda: engine.add_local(request.request_id, prompt, params, resumed)
 
     def _new_run(self, usage: common_pb2.Usage, movable: bool) -> _Run:
         now = time.monotonic()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
@@ -29,6 +29,7 @@ from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine, Suspension
 from pdserve.decode_service.multiplex import MultiplexStream
+from pdserve.decode_service.request_start import RequestStart, local_start, transferred_start
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -62,48 +63,28 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self, request: decode_pb2.DecodeRequest, context: Context
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         async with grpc_errors(context):
-            engine = self.runtime.engine(DecodeEngine)
-            usage = common_pb2.Usage()
-
-            def start() -> None:
-                engine.start(request.request_id, request.transfer_token, request.first_token_id)
-                usage.prompt_tokens, usage.completion_tokens = engine.token_counts(
-                    request.request_id
-                )
-
-            async for message in self._relay(request.request_id, start, usage):
+            starting = transferred_start(self.runtime, request)
+            async for message in self._relay(request.request_id, starting):
                 yield message
 
     async def GenerateLocal(
         self, request: decode_pb2.GenerateLocalRequest, context: Context
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         async with grpc_errors(context):
-            self.runtime.check_accepting()
-            params = sampling_from_proto(request.sampling, request.priority)
-            engine = self.runtime.engine(LLMEngine)  # a prefill worker runs these too
-            prompt = list(request.prompt_token_ids)
-            resumed = list(request.resumed_output_token_ids)
-            usage = common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed))
-
-            def start() -> None:
-                engine.add_local(request.request_id, prompt, params, resumed)
-
-            metrics.LOCAL_PREFILLS.inc()
-            async for message in self._relay(request.request_id, start, usage):
+            starting = local_start(self.runtime, request)
+            async for message in self._relay(request.request_id, starting):
                 yield message
 
     async def _relay(
-        self, request_id: str, start: Callable[[], None], usage: common_pb2.Usage
+        self, request_id: str, starting: RequestStart
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
-        """The request's deltas as protos, timed; `usage` holds the tokens counted before this
-        stream (the prompt, a migration's resumed output) once `start` has run. Once this worker
-        drains, a decode worker's deltas say so (the router may move the stream: Suspend), and a
-        suspended stream ends with a `suspended` delta."""
+        """The request's deltas as protos, timed. Once this worker drains, a decode worker's
+        deltas say so (the router may move the stream: Suspend), and a suspended stream ends
+        with a `suspended` delta."""
         started = time.monotonic()
-        movable = isinstance(self.runtime.engine(LLMEngine), DecodeEngine)
         try:
-            async for message in self._deltas(request_id, start, usage, started):
-                message.draining = movable and self.runtime.host.draining
+            async for message in self._deltas(request_id, starting, started):
+                message.draining = starting.movable and self.runtime.host.draining
                 yield message
         except RequestSuspended:
             yield decode_pb2.TokenDelta(request_id=request_id, suspended=True)
@@ -111,13 +92,13 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def _deltas(
         self,
         request_id: str,
-        start: Callable[[], None],
-        usage: common_pb2.Usage,
+        starting: RequestStart,
         started: float,
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         last = started
         streamed = 0
-        async for delta in self.runtime.stream(request_id, start):
+        usage = starting.usage
+        async for delta in self.runtime.stream(request_id, starting.start):
             now = time.monotonic()
             histogram = metrics.INTER_TOKEN_LATENCY if streamed else metrics.TIME_TO_FIRST_TOKEN
             histogram.observe(now - last)
