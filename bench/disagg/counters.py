@@ -25,31 +25,37 @@ HIT_TOKENS = ("pdserve_prefill_prefix_cache_hit_tokens", "pdserve_decode_prefix_
 @dataclass(frozen=True)
 class Snapshot:
     placements: dict[str, float]
+    reasons: dict[str, float]  # "place:reason"
     prefix_hit_tokens: float
 
     def since(self, earlier: Snapshot) -> PointCounters:
         return PointCounters(
-            placements={
-                place: round(count - earlier.placements.get(place, 0.0))
-                for place, count in self.placements.items()
-            },
+            placements=_delta(self.placements, earlier.placements),
+            reasons={k: v for k, v in _delta(self.reasons, earlier.reasons).items() if v},
             prefix_hit_tokens=round(self.prefix_hit_tokens - earlier.prefix_hit_tokens),
         )
 
 
+def _delta(now: dict[str, float], earlier: dict[str, float]) -> dict[str, int]:
+    return {key: round(count - earlier.get(key, 0.0)) for key, count in now.items()}
+
+
 def snapshot(router: Process, workers: Sequence[Process]) -> Snapshot:
     placements: dict[str, float] = {"local": 0.0, "remote": 0.0}
+    reasons: dict[str, float] = {}
     for sample in _samples(router):
         if sample.name == f"{PLACEMENTS}_total":
             place = sample.labels["place"]
             placements[place] = placements.get(place, 0.0) + sample.value
+            reason = f"{place}:{sample.labels['reason']}"
+            reasons[reason] = reasons.get(reason, 0.0) + sample.value
     hits = sum(
         sample.value
         for worker in workers
         for sample in _samples(worker)
         if sample.name in HIT_TOKENS
     )
-    return Snapshot(placements, hits)
+    return Snapshot(placements, reasons, hits)
 
 
 def _samples(process: Process) -> list[Sample]:

@@ -21,6 +21,7 @@ class PointCounters:
     """What the cluster counted during one repeat of a point (deltas of its /metrics)."""
 
     placements: Mapping[str, int]  # {"local": n, "remote": n}
+    reasons: Mapping[str, int]  # {"local:prefill_idle": n, ...}: place and reason
     prefix_hit_tokens: int  # prompt tokens found in a prefix cache, summed over workers
 
 
@@ -48,6 +49,10 @@ class ArmResult:
     requests: int
     placements: dict[str, int]
     prefix_hit_tokens: int
+    # "place:reason" -> requests (router/placement.py PlacementReason): which worker the adaptive
+    # arm chose and why (local:local_cheaper on a decode worker, local:prefill_idle and
+    # local:lent_prefill_worker on the prefill worker, remote:*).
+    placement_reasons: dict[str, int]
     tpot_p50: float
     tpot_p99: float
     attainment_by_class: dict[str, float] = field(default_factory=dict)
@@ -59,10 +64,8 @@ class ArmResult:
         ttfts = sorted(o.ttft_s for o in pooled if o.ttft_s is not None)
         gaps = sorted(gap for o in pooled for gap in o.itl_gaps_s)
         tpots = sorted(o.tpot_s for o in pooled if o.tpot_s is not None)
-        placements: dict[str, int] = {"local": 0, "remote": 0}
-        for repeat in repeats:
-            for place, count in repeat.counters.placements.items():
-                placements[place] = placements.get(place, 0) + count
+        placements = _summed({"local": 0, "remote": 0}, [r.counters.placements for r in repeats])
+        reasons = _summed({}, [repeat.counters.reasons for repeat in repeats])
         classes = sorted({o.class_name for o in pooled})
         return cls(
             arm=arm,
@@ -79,6 +82,7 @@ class ArmResult:
             repeats=len(repeats),
             requests=len(pooled),
             placements=placements,
+            placement_reasons=reasons,
             prefix_hit_tokens=sum(repeat.counters.prefix_hit_tokens for repeat in repeats),
             tpot_p50=_percentile(tpots, 50),
             tpot_p99=_percentile(tpots, 99),
@@ -142,3 +146,11 @@ def plot_results(results: Sequence[ArmResult], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _summed(start: dict[str, int], counts: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    summed = dict(start)
+    for count in counts:
+        for key, value in count.items():
+            summed[key] = summed.get(key, 0) + value
+    return summed

@@ -179,13 +179,16 @@ def test_a_point_pools_its_repeats() -> None:
             RequestOutcome("chat", True, 0.1 * (i + 1), 0.05, (0.05,), ok)
             for i, ok in enumerate(meets)
         ]
-        return Repeat(tuple(made), PointCounters({"local": 0, "remote": len(meets)}, hits))
+        placements = {"local": 0, "remote": len(meets)}
+        reasons = {"remote:remote_faster": len(meets)}
+        return Repeat(tuple(made), PointCounters(placements, reasons, hits))
 
     row = ArmResult.of("disaggregated", 0.5, [repeat([True, True], 0), repeat([True, False], 32)])
     assert (row.repeats, row.requests, row.completed) == (2, 4, 4)
     assert row.attainment == pytest.approx(0.75)
     assert row.goodput == pytest.approx(0.375)
     assert row.placements == {"local": 0, "remote": 4}
+    assert row.placement_reasons == {"remote:remote_faster": 4}
     assert row.prefix_hit_tokens == 32
     assert row.attainment_by_class == {"chat": 0.75}
     low, high = row.attainment_ci
