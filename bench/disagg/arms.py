@@ -44,21 +44,25 @@ ARMS = {
 @dataclass(frozen=True)
 class ArmSettings:
     """What the arms share: the conditional arm's threshold, every worker's token budget a
-    step, and the adaptive arm's cost model and ITL SLO."""
+    step, and the adaptive arm's cost model and ITL SLO (None: its steps have no budget)."""
 
     threshold: int
     chunk_tokens: int
     profile: Path
-    itl_slo_s: float
+    itl_slo_s: float | None
 
 
-def _flags(arm: Arm, settings: ArmSettings) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def worker_and_router_flags(
+    arm: Arm, settings: ArmSettings
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(worker flags, router flags) of the arm."""
     chunk = ("--max-num-batched-tokens", str(settings.chunk_tokens))
     if arm.routing is not Routing.ADAPTIVE:
         threshold = settings.threshold if arm.routing is Routing.THRESHOLD else 0
         return chunk, ("--disagg-threshold", str(threshold))
-    cost_model = ("--profile", str(settings.profile), "--itl-slo", str(settings.itl_slo_s))
+    cost_model: tuple[str, ...] = ("--profile", str(settings.profile))
+    if settings.itl_slo_s is not None:
+        cost_model += ("--itl-slo", str(settings.itl_slo_s))
     return (*chunk, *cost_model), ("--placement", "adaptive", *chunk, *cost_model)
 
 
@@ -67,7 +71,7 @@ def running_arm(
     arm: Arm, model_dir: Path, settings: ArmSettings, log_dir: Path | None
 ) -> Iterator[Cluster]:
     """Starts the arm's router and pinned workers; yields the ready cluster."""
-    worker_args, router_args = _flags(arm, settings)
+    worker_args, router_args = worker_and_router_flags(arm, settings)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=arm.num_prefill,

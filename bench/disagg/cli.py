@@ -10,7 +10,7 @@ every arm gets the same two worker processes' worth of CPU, one core each, one t
     conditional    the same two workers; prompts shorter than --threshold are prefilled on decode
     adaptive       the same two workers; the router's cost model (--profile) places each prompt
                    and may lend the prefill worker streams, and every worker caps a decoding
-                   step's prompt tokens to stay within --itl-slo (docs/router.md)
+                   step's prompt tokens to stay within --itl-slo (docs/router.md; 0: no cap)
 
 Each arm's cluster starts once, is warmed up (requests of every class, not counted), then serves
 every point: each rate `--repeats` times. A point (rate, repeat) sends `rate x --duration`
@@ -63,12 +63,13 @@ class BenchSettings:
     threshold: int
     chunk_tokens: int
     profile: Path = DEFAULT_PROFILE
-    itl_slo_s: float | None = None  # None: the TPOT SLO
+    itl_slo_s: float | None = None  # None: the TPOT SLO; 0: no step budget
 
     @property
     def arms(self) -> ArmSettings:
         itl_slo = self.tpot_slo_s if self.itl_slo_s is None else self.itl_slo_s
-        return ArmSettings(self.threshold, self.chunk_tokens, self.profile, itl_slo)
+        budget = itl_slo if itl_slo > 0 else None
+        return ArmSettings(self.threshold, self.chunk_tokens, self.profile, budget)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile", type=Path, default=DEFAULT_PROFILE, help="adaptive arm's cost model"
     )
     parser.add_argument(
-        "--itl-slo", type=float, default=None, help="adaptive arm's ITL SLO, s (default: TPOT's)"
+        "--itl-slo",
+        type=float,
+        default=None,
+        help="adaptive arm's ITL SLO, s (default: TPOT's; 0: none)",
     )
     parser.add_argument(
         "--slo-tpot", type=float, default=0.15, help="TPOT SLO, seconds (TTFT SLOs: the SPEC)"
@@ -136,6 +140,8 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
     rates = tuple(float(r) for r in args.rates.split(","))
     if min(rates) <= 0:
         raise ValueError(f"--rates: every rate must be > 0, got {args.rates}")
+    if args.itl_slo is not None and args.itl_slo < 0:
+        raise ValueError(f"--itl-slo: must be >= 0 seconds (0: none), got {args.itl_slo}")
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
     if "adaptive" in args.arms.split(",") and not args.profile.is_file():

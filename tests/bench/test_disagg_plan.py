@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pdserve.bench.disagg.arms import ARMS, worker_and_router_flags
 from pdserve.bench.disagg.attainment import (
     RequestOutcome,
     goodput_rate,
@@ -200,3 +201,16 @@ def test_a_point_holds_rate_times_duration_requests() -> None:
     sizes = [len(point.plan) for point in points]
     assert sizes == [6, 12, 18, 24]
     assert all(a != b for a, b in itertools.pairwise(point.plan for point in points))
+
+
+def test_the_adaptive_arm_steps_within_the_itl_slo_unless_it_is_zero() -> None:
+
+    def flags(itl_slo: float | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return worker_and_router_flags(ARMS["adaptive"], _settings(itl_slo_s=itl_slo).arms)
+
+    workers, router = flags(None)
+    assert workers[-2:] == router[-2:] == ("--itl-slo", "0.15")  # the TPOT SLO by default
+    assert flags(0.1)[0][-2:] == ("--itl-slo", "0.1")
+    workers, router = flags(0.0)
+    assert "--itl-slo" not in workers + router
+    assert "--profile" in workers and router[:2] == ("--placement", "adaptive")
