@@ -2,6 +2,7 @@
 and how long a decode worker takes to drain.
 
     pdserve bench migration [--contexts 100,1000,4000] [--repeats 3] [--streams 1,4,8]
+                            [--modes live,re_prefill,re_prefill_cold]
                             [--netns [--link-rate RATE]] [--json]
 
 **Move stall.** For each context length L, repeat and mode, a fresh cluster (1 prefill and 2 decode
@@ -13,10 +14,12 @@ decode worker, which continues) or SIGKILL (`re_prefill`: it is lost; the router
 streamed tokens to the prefill tier, whose KV goes to the other decode worker). The stall is
 what the client sees: the longest wait between two tokens from the signal on (a draining worker
 streams until the router suspends the stream, so the gap need not follow the signal at once).
-The prefill worker keeps its prefix cache on, as users run it: a re-prefill finds the prompt it
-prefilled at the stream's start there and computes only the streamed tokens, which is the
-re-prefill a crash costs when the prompt's prefill worker still holds it. Both modes must give
-the same tokens (`outputs_match`).
+In `re_prefill` the prefill worker keeps its prefix cache on, as users run it: a re-prefill finds
+the prompt it prefilled at the stream's start there and computes only the streamed tokens, which
+is the re-prefill a crash costs when the prompt's prefill worker still holds it. In
+`re_prefill_cold` the prefill worker runs with `--no-prefix-cache`: it recomputes the whole
+context, which is what a crash costs once the prompt has left the cache (or reaches another
+prefill worker). Every mode must give the same tokens (`outputs_match`).
 
 **Drain time.** For each K in `--streams`, a fresh cluster serves K streams of 1,000-token
 contexts; once each has 8 tokens, the decode worker running the most of them (`held`) gets
@@ -67,7 +70,21 @@ FIRST_ORDINARY_TOKEN = 100  # clear of the special tokens at the start of the vo
 TOKENS_BEFORE_MOVE = 8
 MAX_TOKENS = 32
 DRAIN_CONTEXT_TOKENS = 1000
-MODES = {"live": signal.SIGTERM, "re_prefill": signal.SIGKILL}
+
+
+@dataclass(frozen=True)
+class Move:
+    """How a mode takes the stream's decode worker away."""
+
+    signal: signal.Signals
+    prefill_args: tuple[str, ...] = ()
+
+
+MODES = {
+    "live": Move(signal.SIGTERM),
+    "re_prefill": Move(signal.SIGKILL),
+    "re_prefill_cold": Move(signal.SIGKILL, ("--no-prefix-cache",)),
+}
 UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
 # This benchmark's ports (apart from `bench disagg`'s 50100/50200): router at BASE_PORT, workers
 # at fixed offsets after it.
@@ -130,6 +147,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K,...",
         help="running streams at the drain",
     )
+    parser.add_argument(
+        "--modes",
+        type=_modes,
+        default=list(MODES),
+        metavar="MODE,...",
+        help=f"how streams move ({', '.join(MODES)})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed of the prompts")
     parser.add_argument(
         "--netns",
@@ -144,6 +168,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--log-dir", type=Path, help="keep the workers' logs here")
+
+
+def _modes(text: str) -> list[str]:
+    modes = text.split(",")
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"unknown mode {unknown[0]!r}; known: {', '.join(MODES)}")
+    return modes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,18 +200,20 @@ def run(args: argparse.Namespace) -> int:
 def _stall_rows(
     args: argparse.Namespace, model_dir: Path, vocab_size: int, context: int
 ) -> list[StallRow]:
-    stalls: dict[str, list[float]] = {mode: [] for mode in MODES}
+    stalls: dict[str, list[float]] = {mode: [] for mode in args.modes}
     match = True
     for repeat in range(args.repeats):
         rng = random.Random(f"{args.seed}-{context}-{repeat}")
         prompt = _prompt(rng, context - TOKENS_BEFORE_MOVE, vocab_size)
         outputs = []
-        for mode, how in MODES.items():
-            with _running(args, model_dir, f"{mode}-{context}-{repeat}") as cluster:
-                stream, moved_at = asyncio.run(_moved_stream(cluster, [prompt], how))
+        for mode in args.modes:
+            move = MODES[mode]
+            name = f"{mode}-{context}-{repeat}"
+            with _running(args, model_dir, name, move.prefill_args) as cluster:
+                stream, moved_at = asyncio.run(_moved_stream(cluster, [prompt], move.signal))
                 outputs.append(stream[0].tokens)
                 stalls[mode].append(_worst_gap(stream[0].times, moved_at))
-        match = match and outputs[0] == outputs[1]
+        match = match and all(output == outputs[0] for output in outputs)
     return [
         StallRow(context, mode, statistics.fmean(s), _interval(s), len(s), match, _link(args))
         for mode, s in stalls.items()
@@ -273,12 +307,15 @@ async def _num_running(worker: Process) -> int:
 
 
 @contextlib.contextmanager
-def _running(args: argparse.Namespace, model_dir: Path, name: str) -> Iterator[RunningCluster]:
+def _running(
+    args: argparse.Namespace, model_dir: Path, name: str, prefill_args: tuple[str, ...] = ()
+) -> Iterator[RunningCluster]:
     """A fresh, ready cluster of 1 prefill and 2 decode workers, stopped on the way out."""
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=1,
         num_decode=2,
+        prefill_args=prefill_args,
         base_port=BASE_PORT,
         metrics_base_port=METRICS_BASE_PORT,
         env=UCX_ENV,

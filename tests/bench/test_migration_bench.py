@@ -21,7 +21,21 @@ def _parse(*argv: str) -> argparse.Namespace:
 def test_defaults_and_lists() -> None:
     args = _parse()
     assert (args.contexts, args.repeats, args.streams) == ([100, 1000, 4000], 3, [1, 4, 8])
+    assert args.modes == ["live", "re_prefill", "re_prefill_cold"]
     assert _parse("--contexts", "256,2048", "--streams", "2").contexts == [256, 2048]
+    assert _parse("--modes", "live,re_prefill_cold").modes == ["live", "re_prefill_cold"]
+
+
+def test_an_unknown_mode_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--modes", "live,teleport")
+    assert "teleport" in capsys.readouterr().err
+
+
+def test_a_cold_re_prefill_runs_prefill_without_its_prefix_cache() -> None:
+    assert migration.MODES["re_prefill_cold"].prefill_args == ("--no-prefix-cache",)
+    assert migration.MODES["re_prefill"].prefill_args == ()
+    assert migration.MODES["live"].signal is not migration.MODES["re_prefill"].signal
 
 
 @pytest.mark.parametrize("flag", ["--contexts", "--streams", "--repeats"])
