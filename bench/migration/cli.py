@@ -21,10 +21,10 @@ is the re-prefill a crash costs when the prompt's prefill worker still holds it.
 context, which is what a crash costs once the prompt has left the cache (or reaches another
 prefill worker). Every mode must give the same tokens (`outputs_match`).
 
-**Drain time.** For each K in `--streams`, a fresh cluster serves K streams of 1,000-token
-contexts; once each has 8 tokens, the decode worker running the most of them (`held`) gets
-SIGTERM, and `drain_s` is the time until its process exits: it moves its streams live and
-leaves.
+**Drain time.** For each K in `--streams`, a fresh cluster serves K endless streams of
+1,000-token contexts; once each has 8 tokens, the decode worker running the most of them (`held`)
+gets SIGTERM, and `drain_s` is the time until its process exits: it moves its streams live and
+leaves. The streams are then cancelled.
 
 **The link.** By default the cluster runs on loopback. With `--netns` (root) each process runs in
 a pod of its own (`pdserve up --netns`'s `PodCluster`): KV crosses UCX over TCP on the pods'
@@ -70,6 +70,10 @@ FIRST_ORDINARY_TOKEN = 100  # clear of the special tokens at the start of the vo
 TOKENS_BEFORE_MOVE = 8
 MAX_TOKENS = 32
 DRAIN_CONTEXT_TOKENS = 1000
+# A drain's streams must all still run when the last of them has its first tokens (one prefill
+# worker prefills them one after another), so they ask for far more than they get: once the
+# drained worker has exited the benchmark cancels them.
+DRAIN_MAX_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -244,7 +248,7 @@ async def _drained(cluster: RunningCluster, prompts: list[tuple[int, ...]]) -> D
     streams = [Stream([], []) for _ in prompts]
     async with GenerationClient.connect(cluster.router.address) as client:
         tasks = [
-            asyncio.ensure_future(_stream(client, prompt, stream))
+            asyncio.ensure_future(_stream(client, prompt, stream, DRAIN_MAX_TOKENS))
             for prompt, stream in zip(prompts, streams, strict=True)
         ]
         await _until_each_has(streams, TOKENS_BEFORE_MOVE)
@@ -254,7 +258,9 @@ async def _drained(cluster: RunningCluster, prompts: list[tuple[int, ...]]) -> D
         source.popen.send_signal(signal.SIGTERM)
         exit_code = await asyncio.to_thread(source.popen.wait)
         drained = time.monotonic() - signalled
-        await asyncio.gather(*tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return Drain(drained, running[source.name], exit_code)
 
 
@@ -277,8 +283,10 @@ async def _moved_stream(
     return streams, moved_at
 
 
-async def _stream(client: GenerationClient, prompt: tuple[int, ...], stream: Stream) -> None:
-    sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+async def _stream(
+    client: GenerationClient, prompt: tuple[int, ...], stream: Stream, max_tokens: int = MAX_TOKENS
+) -> None:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     async for chunk in client.generate_stream(
         build_request(list(prompt), sampling=sampling), timeout=600
     ):
