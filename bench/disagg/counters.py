@@ -19,6 +19,7 @@ from pdserve.bench.disagg.report import PointCounters
 from pdserve.cluster import Process
 
 PLACEMENTS = "pdserve_router_prefill_placements"
+ITL = "pdserve_decode_inter_token_latency_seconds"  # each worker's gaps between its tokens
 HIT_TOKENS = ("pdserve_prefill_prefix_cache_hit_tokens", "pdserve_decode_prefix_cache_hit_tokens")
 
 
@@ -27,12 +28,17 @@ class Snapshot:
     placements: dict[str, float]
     reasons: dict[str, float]  # "place:reason"
     prefix_hit_tokens: float
+    itl: dict[str, tuple[float, float]]  # worker name -> (sum of gaps, s; count)
 
     def since(self, earlier: Snapshot) -> PointCounters:
         return PointCounters(
             placements=_delta(self.placements, earlier.placements),
             reasons={k: v for k, v in _delta(self.reasons, earlier.reasons).items() if v},
             prefix_hit_tokens=round(self.prefix_hit_tokens - earlier.prefix_hit_tokens),
+            itl={
+                name: (total - earlier.itl[name][0], count - earlier.itl[name][1])
+                for name, (total, count) in self.itl.items()
+            },
         )
 
 
@@ -49,13 +55,15 @@ def snapshot(router: Process, workers: Sequence[Process]) -> Snapshot:
             placements[place] = placements.get(place, 0.0) + sample.value
             reason = f"{place}:{sample.labels['reason']}"
             reasons[reason] = reasons.get(reason, 0.0) + sample.value
-    hits = sum(
-        sample.value
-        for worker in workers
-        for sample in _samples(worker)
-        if sample.name in HIT_TOKENS
-    )
-    return Snapshot(placements, reasons, hits)
+    hits = 0.0
+    itl: dict[str, tuple[float, float]] = {}
+    for worker in workers:
+        samples = _samples(worker)
+        hits += sum(sample.value for sample in samples if sample.name in HIT_TOKENS)
+        total = sum(sample.value for sample in samples if sample.name == f"{ITL}_sum")
+        count = sum(sample.value for sample in samples if sample.name == f"{ITL}_count")
+        itl[worker.name] = (total, count)
+    return Snapshot(placements, reasons, hits, itl)
 
 
 def _samples(process: Process) -> list[Sample]:

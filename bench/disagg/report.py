@@ -23,6 +23,8 @@ class PointCounters:
     placements: Mapping[str, int]  # {"local": n, "remote": n}
     reasons: Mapping[str, int]  # {"local:prefill_idle": n, ...}: place and reason
     prefix_hit_tokens: int  # prompt tokens found in a prefix cache, summed over workers
+    # worker name -> (seconds between its streams' tokens, summed; how many such gaps)
+    itl: Mapping[str, tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class ArmResult:
     # arm chose and why (local:local_cheaper on a decode worker, local:prefill_idle and
     # local:lent_prefill_worker on the prefill worker, remote:*).
     placement_reasons: dict[str, int]
+    # worker name ("decode-0", "prefill-0") -> its streams' mean gap between tokens, s (its
+    # decode metrics: a lent prefill worker's streams count there): which worker decoded slower
+    itl_mean_by_worker: dict[str, float]
     tpot_p50: float
     tpot_p99: float
     attainment_by_class: dict[str, float] = field(default_factory=dict)
@@ -83,6 +88,7 @@ class ArmResult:
             requests=len(pooled),
             placements=placements,
             placement_reasons=reasons,
+            itl_mean_by_worker=_mean_gaps([repeat.counters.itl for repeat in repeats]),
             prefix_hit_tokens=sum(repeat.counters.prefix_hit_tokens for repeat in repeats),
             tpot_p50=_percentile(tpots, 50),
             tpot_p99=_percentile(tpots, 99),
@@ -154,3 +160,13 @@ def _summed(start: dict[str, int], counts: Sequence[Mapping[str, int]]) -> dict[
         for key, value in count.items():
             summed[key] = summed.get(key, 0) + value
     return summed
+
+
+def _mean_gaps(counts: Sequence[Mapping[str, tuple[float, float]]]) -> dict[str, float]:
+    """Per worker, the mean gap over every repeat (workers that streamed nothing left out)."""
+    totals: dict[str, tuple[float, float]] = {}
+    for count in counts:
+        for name, (seconds, gaps) in count.items():
+            before = totals.get(name, (0.0, 0.0))
+            totals[name] = (before[0] + seconds, before[1] + gaps)
+    return {name: seconds / gaps for name, (seconds, gaps) in totals.items() if gaps}

@@ -182,7 +182,8 @@ def test_a_point_pools_its_repeats() -> None:
         ]
         placements = {"local": 0, "remote": len(meets)}
         reasons = {"remote:remote_faster": len(meets)}
-        return Repeat(tuple(made), PointCounters(placements, reasons, hits))
+        itl = {"decode-0": (0.1 * len(meets), float(len(meets))), "prefill-0": (0.0, 0.0)}
+        return Repeat(tuple(made), PointCounters(placements, reasons, hits, itl))
 
     row = ArmResult.of("disaggregated", 0.5, [repeat([True, True], 0), repeat([True, False], 32)])
     assert (row.repeats, row.requests, row.completed) == (2, 4, 4)
@@ -190,6 +191,7 @@ def test_a_point_pools_its_repeats() -> None:
     assert row.goodput == pytest.approx(0.375)
     assert row.placements == {"local": 0, "remote": 4}
     assert row.placement_reasons == {"remote:remote_faster": 4}
+    assert row.itl_mean_by_worker == {"decode-0": pytest.approx(0.1)}  # prefill-0 streamed none
     assert row.prefix_hit_tokens == 32
     assert row.attainment_by_class == {"chat": 0.75}
     low, high = row.attainment_ci
