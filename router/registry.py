@@ -102,7 +102,14 @@ class WorkerPool(Generic[StubT]):
         self._make_stub = make_stub
         self._load_timeout = config.load_timeout_seconds
         self._tls = config.worker_tls
-        self._channel_options = message_limits(config.max_message_bytes)
+        # A fixed HTTP/2 window (no BDP probing, which grows it to megabytes on a fast link):
+        # a decode worker's Multiplex stream then cannot run more than 64 KB ahead of what this
+        # router has read, so steps made while the router is behind wait at decode, where they
+        # merge into one message, instead of queueing one by one in the transport.
+        self._channel_options = [
+            *message_limits(config.max_message_bytes),
+            ("grpc.http2.bdp_probe", 0),
+        ]
         self._turn = 0
         self.prefix_map = prefix_map  # set under --routing-policy prefix (shared by both tiers)
         self.prefix_hash = prefix_hash  # set under --routing-policy prefix-hash (likewise)

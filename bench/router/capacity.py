@@ -1,21 +1,28 @@
 """Router relay capacity: tokens a `pdserve router` relays per second of its own CPU.
 
     .venv/bin/pdserve bench router --capacity [--concurrency 16,64,256,1024] [--duration S]
-        [--relay multiplexed,per-request] [--json]
+        [--relay multiplexed,per-request] [--step-ms MS] [--json]
 
-Zero-work fake tiers (`--serve-fakes`: decode emits one token per running request per step as
-fast as it can) in a process of their own; for each `--relay` path a real `pdserve router`
-process pinned alone to one core (the other cores hold the fakes and this client); per
-concurrency N, N client streams (GenerateStream, `--tokens-per-request` tokens each, a new one as
-soon as one ends, spread over `--clients` processes) for `--duration` seconds. Router CPU is its
-utime + stime from /proc over that window. One row per (relay, concurrency):
+Zero-work fake tiers (`--serve-fakes`: decode emits one token per running request per step) run
+in a process of their own. With `--step-ms 0` (the default) decode steps as fast as the router
+reads: a step once the last one was read, so every message carries one step. With `--step-ms MS`
+its engine steps every MS ms on its own clock, as a real decode worker's does, and what it made
+while the router was reading goes out as one message (as decode_service/multiplex.py sends): the
+offered load is concurrency / MS tokens per ms, whatever the router manages; each fake answer
+and per-request token then takes a step too, so both paths are offered the same. For each
+`--relay` path a real `pdserve router` process runs pinned alone to one core (the other cores
+hold the fakes and this client); per concurrency N, N client streams (GenerateStream,
+`--tokens-per-request` tokens each, a new one as soon as one ends, spread over `--clients`
+processes) are counted for `--duration` seconds. Router CPU is its utime + stime from /proc
+over that window. One row per (relay, concurrency):
 
     {"relay": ..., "concurrency": N, "tokens_per_s": ..., "router_cpu": fraction of a core,
-     "tokens_per_router_cpu_s": ..., "gap_p50_ms": ..., "gap_p99_ms": ..., "errors": n}
+     "tokens_per_router_cpu_s": ..., "gap_p50_ms": ..., "gap_p99_ms": ..., "errors": n,
+     "step_ms": ..., "tokens_per_chunk": ...}
 
 `gap_*`: the time between two consecutive chunks of one stream as the client receives them
-(a coalesced chunk carries several tokens). `errors`: calls that ended with a status other
-than OK inside the window.
+(a coalesced chunk carries several tokens); `tokens_per_chunk`, the tokens per such chunk (1:
+no coalescing). `errors`: calls that ended with a status other than OK inside the window.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class CapacityRow:
     gap_p50_ms: float
     gap_p99_ms: float
     errors: int
+    step_ms: float  # the fake decode's step (0: paced by the router)
+    tokens_per_chunk: float  # tokens per message the clients got: the coalescing
 
 
 @dataclass
@@ -67,6 +76,7 @@ class ClientTally:
 
     measuring: bool = False
     tokens: int = 0
+    chunks: int = 0
     errors: int = 0
     gaps: list[float] = field(default_factory=list)
 
@@ -98,6 +108,7 @@ async def _stream_loop(
                 now = time.perf_counter()
                 if tally.measuring:
                     tally.tokens += len(chunk.token_ids)
+                    tally.chunks += 1
                     if last is not None:
                         tally.gaps.append(now - last)
                 last = now
@@ -156,6 +167,7 @@ def measure(
     duration: float,
     tokens_per_request: int,
     clients: int,
+    step_ms: float = 0.0,
 ) -> CapacityRow:
     """`concurrency` streams through the router at `target`, spread over `clients` processes
     (one Python client process cannot read tokens as fast as a router relays them), counted
@@ -192,6 +204,8 @@ def measure(
         gap_p50_ms=round(percentile(gaps, 50) * 1e3, 3),
         gap_p99_ms=round(percentile(gaps, 99) * 1e3, 3),
         errors=sum(t.errors for t in tallies),
+        step_ms=step_ms,
+        tokens_per_chunk=round(tokens / max(sum(t.chunks for t in tallies), 1), 2),
     )
 
 
@@ -212,14 +226,14 @@ def format_rows(rows: Sequence[CapacityRow], as_json: bool) -> str:
         return "\n".join(json.dumps(asdict(row)) for row in rows)
     header = (
         f"{'relay':<13}{'conc':>6}{'tokens/s':>11}{'router cpu':>11}{'tok/cpu-s':>11}"
-        f"{'gap p50 ms':>11}{'gap p99 ms':>11}{'errors':>7}"
+        f"{'gap p50 ms':>11}{'gap p99 ms':>11}{'errors':>7}{'step ms':>8}{'tok/msg':>8}"
     )
     lines = [header]
     for row in rows:
         lines.append(
             f"{row.relay:<13}{row.concurrency:>6}{row.tokens_per_s:>11.1f}{row.router_cpu:>11.3f}"
             f"{row.tokens_per_router_cpu_s:>11.1f}{row.gap_p50_ms:>11.3f}{row.gap_p99_ms:>11.3f}"
-            f"{row.errors:>7}"
+            f"{row.errors:>7}{row.step_ms:>8.1f}{row.tokens_per_chunk:>8.2f}"
         )
     return "\n".join(lines)
 

@@ -62,7 +62,7 @@ PROMPT_TEXT = "Write a short story about a lighthouse keeper who finds a message
 Timed = Callable[[], Awaitable[None]]
 
 
-def _start_fakes(workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+def _start_fakes(workdir: Path, step_ms: float = 0.0) -> tuple[subprocess.Popen[bytes], str, str]:
     address_file = workdir / "fakes.json"
     command = [
         sys.executable,
@@ -72,6 +72,8 @@ def _start_fakes(workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
         "router",
         "--serve-fakes",
         str(address_file),
+        "--step-ms",
+        str(step_ms),
     ]
     process = subprocess.Popen(command)
     for _ in range(600):
@@ -242,6 +244,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="client processes (0: every core but the router's, less one for the fakes)",
     )
+    capacity.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="the fake decode's engine step, ms: it makes a token per stream each step on its "
+        "own clock, steps queued while the router reads go out as one message (0: a step "
+        "once the router has read the last one); also with --serve-fakes",
+    )
     capacity.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--serve-relay", nargs=3, default=None, help=argparse.SUPPRESS)
 
@@ -269,7 +279,7 @@ def _capacity(args: argparse.Namespace) -> list[CapacityRow]:
     max_queue = str(2 * max(args.concurrency))
     rows: list[CapacityRow] = []
     with tempfile.TemporaryDirectory() as workdir:
-        fakes, prefill, decode = _start_fakes(Path(workdir))
+        fakes, prefill, decode = _start_fakes(Path(workdir), args.step_ms)
         try:
             for relay in args.relay:
                 extra = ("--max-queue", max_queue, "--relay", relay)
@@ -285,6 +295,7 @@ def _capacity(args: argparse.Namespace) -> list[CapacityRow]:
                             args.duration,
                             args.tokens_per_request,
                             clients,
+                            args.step_ms,
                         )
                         rows.append(row)
                         print(format_rows([row], as_json=True), file=sys.stderr, flush=True)
@@ -297,7 +308,7 @@ def _capacity(args: argparse.Namespace) -> list[CapacityRow]:
 
 def run(args: argparse.Namespace) -> int:
     if args.serve_fakes is not None:
-        serve_fakes(args.serve_fakes)
+        serve_fakes(args.serve_fakes, args.step_ms / 1e3)
         return 0
     if args.serve_relay is not None:
         port, prefill_target, decode_target = args.serve_relay

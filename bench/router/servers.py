@@ -26,15 +26,18 @@ from pdserve.v1 import (
 )
 
 
-def serve_fakes(address_file: Path) -> None:
+def serve_fakes(address_file: Path, step_seconds: float = 0.0) -> None:
     """One fake prefill and one fake decode (pdserve.testing.fake_tiers) until SIGTERM; their
-    addresses go to `address_file` once both serve."""
+    addresses go to `address_file` once both serve. Decode steps every `step_seconds` (0: once
+    the router has read the last step); each of its answers and tokens takes that long, on the
+    per-request path too, so both relay paths are offered the same tokens per second."""
 
     async def body() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         async with fake_tiers() as tiers:
-            tiers.decode[0].knobs.step_seconds = 0.0  # steps as fast as it can
+            tiers.decode[0].knobs.step_seconds = 0.0
+            tiers.decode[0].knobs.delay_seconds = step_seconds
             addresses = [tiers.prefill_addresses[0], tiers.decode_addresses[0]]
             # Whole or not at all: a reader polls for the file.
             partial = address_file.with_name(address_file.name + ".partial")

@@ -43,9 +43,12 @@ class Knobs:
     load_delay_seconds: float = 0.0  # Load answers this late, as a busy process may
     # A decode stream breaks (UNAVAILABLE, as from a killed process) after this many tokens.
     lost_after_tokens: int | None = None
-    # Multiplex: one engine step's time when delay_seconds is 0. A real step takes milliseconds;
-    # steps with no time at all would outrun a router relaying them in the same event loop, and
-    # its coalescing would merge tokens a test expects one by one. The benchmark sets 0.
+    # Multiplex: one engine step's time when delay_seconds is 0. The fake's engine steps on its
+    # own clock, whether or not the stream has sent the last step (a real engine does not wait
+    # for the router): steps made while the stream was sending go out together, as decode's do.
+    # A real step takes milliseconds; steps with no time at all would outrun a router relaying
+    # them in the same event loop, and its coalescing would merge tokens a test expects one by
+    # one. 0: a step only once the last one has been sent (paced by the router alone).
     step_seconds: float = 0.005
 
 
@@ -219,61 +222,85 @@ def _planned(
 
 
 class FakeMultiplex:
-    """One router's Multiplex stream on a FakeDecode: commands start and cancel runs; each step
-    sends one message with the next delta of every run (a start's error as that request's
-    delta). `lost_after_tokens` breaks the whole stream (UNAVAILABLE), as a killed process
-    does; a step takes `delay_seconds`, else `step_seconds`."""
+    """One router's Multiplex stream on a FakeDecode: commands start and cancel runs; each engine
+    step makes the next delta of every run (a start's error as that request's delta), and the
+    stream sends what the steps made since its last message as one message. `lost_after_tokens`
+    breaks the whole stream (UNAVAILABLE), as a killed process does; a step takes
+    `delay_seconds`, else `step_seconds` (Knobs)."""
 
     def __init__(self, decode: FakeDecode, context: Context) -> None:
         self.decode = decode
         self.context = context
         self.runs: dict[str, list[decode_pb2.TokenDelta]] = {}
-        self.sent: dict[str, int] = {}  # tokens sent per run
-        self.ended: list[decode_pb2.TokenDelta] = []  # failed starts, for the next step
+        self.sent: dict[str, int] = {}  # tokens made per run
+        self.made: list[decode_pb2.TokenDelta] = []  # made by steps (or failed starts), unsent
+        self.lost = False  # a step reached lost_after_tokens: the stream breaks
         self.starting: dict[str, asyncio.Task[None]] = {}  # local starts waiting out the delay
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # for the stream: a run started or a delta was made
+        self.has_runs = asyncio.Event()  # for the engine
+        self.taken = asyncio.Event()  # the stream took what was made
 
     async def serve(
         self, commands: AsyncIterator[decode_pb2.MultiplexCommand]
     ) -> AsyncIterator[decode_pb2.DecodeStep]:
         reader = asyncio.create_task(self._read(commands))
+        engine = asyncio.create_task(self._engine())
         try:
             while True:
-                if not self.runs and not self.ended:
-                    if reader.done() and not self.starting:
-                        reader.result()
-                        return
-                    self.wake.clear()
-                    waking = asyncio.ensure_future(self.wake.wait())
-                    watched = [waking] if reader.done() else [waking, reader]
-                    await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                    waking.cancel()
+                if self.lost:
+                    await self.context.abort(grpc.StatusCode.UNAVAILABLE, "fake: Stream removed")
+                if self.made:
+                    step = decode_pb2.DecodeStep(deltas=self.made)
+                    self.made = []
+                    self.taken.set()
+                    yield step
                     continue
-                yield await self._step()
-                knobs = self.decode.knobs
-                pause = knobs.delay_seconds or knobs.step_seconds
-                if pause:
-                    await asyncio.sleep(pause)
+                if reader.done() and not self.runs and not self.starting:
+                    reader.result()
+                    return
+                await self._wait(reader)
         finally:
             reader.cancel()
+            engine.cancel()
             for task in self.starting.values():
                 task.cancel()
             for request_id in self.runs:
                 self.decode.cancelled.append(request_id)
                 self.decode.reservations.pop(request_id, None)
 
-    async def _step(self) -> decode_pb2.DecodeStep:
-        step = decode_pb2.DecodeStep(deltas=self.ended)
-        self.ended = []
+    async def _wait(self, reader: asyncio.Task[None]) -> None:
+        """Until a run starts, a delta is made, or the router ends its commands."""
+        self.wake.clear()
+        waking = asyncio.ensure_future(self.wake.wait())
+        watched = [waking] if reader.done() else [waking, reader]
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        waking.cancel()
+
+    async def _engine(self) -> None:
+        """A step every step time while there are runs; with a step time of 0, a step once the
+        stream has taken the last one."""
+        while True:
+            await self.has_runs.wait()
+            knobs = self.decode.knobs
+            pause = knobs.delay_seconds or knobs.step_seconds
+            if pause == 0 and self.made:
+                self.taken.clear()
+                await self.taken.wait()
+                continue
+            self._step()
+            self.wake.set()
+            await asyncio.sleep(pause)
+
+    def _step(self) -> None:
         for request_id, deltas in list(self.runs.items()):
             index = self.sent[request_id]
             if index == self.decode.knobs.lost_after_tokens:
-                await self.context.abort(grpc.StatusCode.UNAVAILABLE, "fake: Stream removed")
-            step.deltas.append(deltas[index])
+                self.lost = True
+                return
+            self.made.append(deltas[index])
             self.sent[request_id] = index + 1
             if index + 1 == len(deltas):
                 self._forget(request_id)
-        return step
 
     async def _read(self, commands: AsyncIterator[decode_pb2.MultiplexCommand]) -> None:
         async for command in commands:
@@ -332,18 +359,21 @@ class FakeMultiplex:
     def _run(self, request_id: str, deltas: list[decode_pb2.TokenDelta]) -> None:
         self.runs[request_id] = deltas
         self.sent[request_id] = 0
+        self.has_runs.set()
         self.wake.set()
 
     def _fail(self, request_id: str, code: grpc.StatusCode, message: str) -> None:
         delta = decode_pb2.TokenDelta(
             request_id=request_id, error_code=code.value[0], error_message=message
         )
-        self.ended.append(delta)
+        self.made.append(delta)
         self.wake.set()
 
     def _forget(self, request_id: str) -> None:
         del self.runs[request_id], self.sent[request_id]
         self.decode.reservations.pop(request_id, None)
+        if not self.runs:
+            self.has_runs.clear()
 
 
 async def _fail_or_wait(knobs: Knobs, context: Context, cancelled: list[str], key: str) -> None:

@@ -80,6 +80,8 @@ def test_capacity_rows_carry_the_issue_fields_and_cpu_comes_from_proc() -> None:
         gap_p50_ms=1.0,
         gap_p99_ms=2.0,
         errors=0,
+        step_ms=2.0,
+        tokens_per_chunk=1.5,
     )
     fields = json.loads(format_rows([row], as_json=True))
     assert list(fields) == [
@@ -91,6 +93,8 @@ def test_capacity_rows_carry_the_issue_fields_and_cpu_comes_from_proc() -> None:
         "gap_p50_ms",
         "gap_p99_ms",
         "errors",
+        "step_ms",
+        "tokens_per_chunk",
     ]
     assert format_rows([row], as_json=False).splitlines()[1].split()[:2] == ["multiplexed", "16"]
     before = router_cpu_seconds(os.getpid())
@@ -105,7 +109,7 @@ def test_the_capacity_command_measures_both_relay_paths() -> None:
     """The door end to end: fakes and a router in processes of their own, one row per path."""
     command = [sys.executable, "-m", "pdserve", "bench", "router", "--capacity", "--json"]
     command += ["--concurrency", "4", "--duration", "1", "--clients", "1"]
-    command += ["--tokens-per-request", "16"]
+    command += ["--tokens-per-request", "16", "--step-ms", "2"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in result.stdout.splitlines()]
@@ -116,3 +120,5 @@ def test_the_capacity_command_measures_both_relay_paths() -> None:
     for row in rows:
         assert row["tokens_per_s"] > 0 and 0 < row["router_cpu"] <= 1.05, row
         assert row["errors"] == 0 and row["gap_p99_ms"] >= row["gap_p50_ms"] > 0, row
+        # 4 streams at one token a step of 2 ms each: at most 2,000 tokens/s offered.
+        assert row["step_ms"] == 2.0 and row["tokens_per_s"] < 2500 and row["tokens_per_chunk"] >= 1
