@@ -13,12 +13,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 HOST = "127.0.0.1"
 READINESS = {
@@ -150,8 +153,12 @@ class Cluster:
         self.processes.append(spawn(spec, launch, self.log_dir))
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        """Blocks until every process reports SERVING on its readiness name."""
+        """Blocks until every process reports SERVING on its readiness name and the router
+        counts every worker healthy."""
+        deadline = time.monotonic() + timeout_s
         wait_ready(self.processes, self.spec.tls, timeout_s)
+        healthy = {"prefill": self.spec.num_prefill, "decode": self.spec.num_decode}
+        wait_router_sees(self.router, healthy, deadline - time.monotonic())
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM everyone (graceful drain), then SIGKILL whoever is left."""
@@ -244,6 +251,37 @@ def wait_ready(processes: list[Process], tls: ClusterTls | None, timeout_s: floa
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{process.name} not ready in {timeout_s:.0f}s")
             time.sleep(0.2)
+
+
+def wait_router_sees(router: Process, healthy: Mapping[str, int], timeout_s: float) -> None:
+    """Blocks until the router counts `healthy[tier]` healthy workers in each tier. The router is
+    ready once one worker of each tier answers its Load poll; a run started then would send
+    every request to the first worker polled."""
+    deadline = time.monotonic() + timeout_s
+    while not _counts_match(router_healthy_workers(router), healthy):
+        if router.popen.poll() is not None:
+            raise RuntimeError(f"{router.name} exited ({router.popen.returncode})")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the router does not see {dict(healthy)} healthy workers")
+        time.sleep(0.2)
+
+
+def _counts_match(seen: Mapping[str, int], wanted: Mapping[str, int]) -> bool:
+    return all(seen.get(tier, 0) == count for tier, count in wanted.items())
+
+
+def router_healthy_workers(router: Process) -> dict[str, int]:
+    """The router's `pdserve_router_workers{state="healthy"}` per tier, from its /metrics."""
+    url = f"http://{router.host}:{router.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as page:
+        text = page.read().decode()
+    return {
+        sample.labels["tier"]: int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "pdserve_router_workers"
+        for sample in family.samples
+        if sample.labels.get("state") == "healthy"
+    }
 
 
 def is_ready(process: Process, tls: ClusterTls | None) -> bool:

@@ -32,7 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.cluster import ClusterSpec, Launch, Process, is_ready, spawn, stop_processes
+from pdserve.cluster import (
+    ClusterSpec,
+    Launch,
+    Process,
+    is_ready,
+    spawn,
+    stop_processes,
+    wait_router_sees,
+)
 from pdserve.cluster_status import ClusterStatus, Departure, MemberView, ScaleError
 from pdserve.dns_registry import DnsRegistry, tier_name
 from pdserve.netns import (
@@ -183,6 +191,7 @@ class PodCluster:
             if self._clock() > deadline:
                 raise TimeoutError("router not ready in time")
             time.sleep(0.2)
+        wait_router_sees(self.router_process, self.desired, deadline - self._clock())
 
     def stop(self) -> None:
         """SIGTERM everyone (they drain), SIGKILL who is left, then the pods, DNS and bridge."""

@@ -81,6 +81,7 @@ class LiveMigration:
         except NoHealthyWorkerError:
             target = None
         if not streamed or target is None or target.address in avoid:  # pick's last resort
+            log.info("request %s: no other decode worker can take it; re-prefilling", request_id)
             self.aborts.later(source, request_id)
             return None
         pool.acquire(target)
