@@ -6,9 +6,9 @@ from __future__ import annotations
 import urllib.request
 
 
-def metric_value(port: int, name: str) -> float:
-    """The unlabelled sample `name` on http://127.0.0.1:PORT/metrics; KeyError if absent."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+def metric_value(port: int, name: str, host: str = "127.0.0.1") -> float:
+    """The unlabelled sample `name` on http://HOST:PORT/metrics; KeyError if absent."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as page:
         for line in page.read().decode().splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])

@@ -24,7 +24,9 @@ prefill worker). Every mode must give the same tokens (`outputs_match`).
 **Drain time.** For each K in `--streams`, a fresh cluster serves K endless streams of
 1,000-token contexts; once each has 8 tokens, the decode worker running the most of them (`held`)
 gets SIGTERM, and `drain_s` is the time until its process exits: it moves its streams live and
-leaves. The streams are then cancelled.
+leaves. `streams_moved_s` is the worker's own drain (its `pdserve_drain_seconds`, held once it is
+idle): SIGTERM until no stream or suspended request is left, before the server and the engine
+stop. The streams are then cancelled.
 
 **The link.** By default the cluster runs on loopback. With `--netns` (root) each process runs in
 a pod of its own (`pdserve up --netns`'s `PodCluster`): KV crosses UCX over TCP on the pods'
@@ -33,9 +35,9 @@ network shows against the cost of recomputing it. Re-prefill ships the same KV (
 decode) on top of recomputing it, so the link slows both modes.
 
 With --json, one object per line: `{"context_tokens", "mode", "stall_s", "stall_ci",
-"repeats", "outputs_match", "link"}` per context and mode, `{"streams", "drain_s", "held",
-"moved_live", "exit_code", "link"}` per K (seconds; `stall_ci` a 95 % Student-t interval of
-the mean; `link` is `loopback`, `netns` or `netns RATE`).
+"repeats", "outputs_match", "link"}` per context and mode, `{"streams", "drain_s",
+"streams_moved_s", "held", "moved_live", "exit_code", "link"}` per K (seconds; `stall_ci` a
+95 % Student-t interval of the mean; `link` is `loopback`, `netns` or `netns RATE`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from typing import Protocol
 import grpc
 
 from pdserve.bench.arg_types import positive_int, positive_ints
+from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster, ClusterSpec, Process
 from pdserve.core.model.source import resolve_model
@@ -94,6 +97,7 @@ UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
 # at fixed offsets after it.
 BASE_PORT = 50300
 METRICS_BASE_PORT = 50400
+DRAIN_POLL_S = 0.02
 STUDENT_T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -122,6 +126,7 @@ class StallRow:
 class DrainRow:
     streams: int
     drain_s: float
+    streams_moved_s: float
     held: int
     moved_live: int
     exit_code: int
@@ -232,12 +237,15 @@ def _drain_row(args: argparse.Namespace, model_dir: Path, vocab_size: int, count
         before = _router_count(cluster, "live")
         drain = asyncio.run(_drained(cluster, prompts))
         moved = int(_router_count(cluster, "live") - before)
-        return DrainRow(count, drain.seconds, drain.held, moved, drain.exit_code, _link(args))
+        return DrainRow(
+            count, drain.seconds, drain.moved_s, drain.held, moved, drain.exit_code, _link(args)
+        )
 
 
 @dataclass(frozen=True)
 class Drain:
     seconds: float  # SIGTERM to exit
+    moved_s: float  # SIGTERM to idle: the worker's pdserve_drain_seconds, last read before exit
     held: int  # streams the drained worker ran at the SIGTERM
     exit_code: int
 
@@ -256,12 +264,13 @@ async def _drained(cluster: RunningCluster, prompts: list[tuple[int, ...]]) -> D
         source = max(cluster.decode, key=lambda worker: running[worker.name])
         signalled = time.monotonic()
         source.popen.send_signal(signal.SIGTERM)
-        exit_code = await asyncio.to_thread(source.popen.wait)
+        moved_s = await asyncio.to_thread(_last_drain_seconds, source)
+        exit_code = source.popen.wait()
         drained = time.monotonic() - signalled
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return Drain(drained, running[source.name], exit_code)
+    return Drain(drained, moved_s, running[source.name], exit_code)
 
 
 async def _moved_stream(
@@ -365,6 +374,17 @@ def _interval(values: list[float]) -> tuple[float, float]:
         return mean, mean
     half = STUDENT_T_95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
     return mean - half, mean + half
+
+
+def _last_drain_seconds(worker: Process) -> float:
+    """The worker's `pdserve_drain_seconds` as last read before its process exits: it grows
+    while the worker drains and holds once it is idle, until the server stops."""
+    last = 0.0
+    while worker.popen.poll() is None:
+        with contextlib.suppress(OSError, KeyError):
+            last = metric_value(worker.metrics_port, "pdserve_drain_seconds", worker.host)
+        time.sleep(DRAIN_POLL_S)
+    return last
 
 
 def _router_count(cluster: RunningCluster, outcome: str) -> float:
