@@ -209,7 +209,7 @@ class DecodeEngine(LLMEngine):
     # -- background work (the engine loop polls this between steps) -----------------------
 
     def pending(self) -> bool:
-        return bool(self._queued or self._reserved or self.outgoing or self._outbox)
+        return bool(self._queued or self._reserved or self._outbox) or self.outgoing.pending()
 
     def poll(self) -> list[Delivery]:
         self._grant_queued()

@@ -5,8 +5,9 @@ its blocks kept when its KV is all on the device (caught up: every token but the
 and freed otherwise. `migrate` pushes the kept blocks over UCX into another worker's live-migration
 reservation with this worker's own `KVSender` (made at the first migration: most workers never
 drain), then frees them. A suspended request nobody migrates within the TTL (the router that
-suspended it is gone) is freed by `expire`. Everything here runs on the engine thread but the
-sender's completion callback, which only bumps the counters the gauges read.
+suspended it is gone) is freed by `expire`. A worker that drains stays busy until its pushes
+have settled (`pending`). Everything here runs on the engine thread but the sender's completion
+callback, which only bumps the counters the gauges read, and `pending`, which the drain reads.
 """
 
 from __future__ import annotations
@@ -56,11 +57,16 @@ class OutgoingMigrations:
         self._sender: KVSenderLike | None = None
         self._ttl_s = ttl_s
         self._suspended: dict[str, _Suspended] = {}
+        # Pushes not yet settled: a drain waits for them, or stopping the server would cut the
+        # Migrate calls (and the transfers) still under way on a slow link.
+        self._sending: list[concurrent.futures.Future[SendResult]] = []
         self.num_migrated = 0  # requests whose KV left for another worker
         self.migrated_kv_bytes = 0
 
-    def __bool__(self) -> bool:
-        return bool(self._suspended)
+    def pending(self) -> bool:
+        """Whether a suspended request waits here or its KV is still on the way out (read by
+        the drain from the server's thread too: it only reads)."""
+        return bool(self._suspended) or any(not sending.done() for sending in self._sending)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._suspended
@@ -109,6 +115,7 @@ class OutgoingMigrations:
         finally:
             self._free(suspended)  # the pushes copied the blocks out (staging)
         sending.add_done_callback(self._count)
+        self._sending = [*(pushing for pushing in self._sending if not pushing.done()), sending]
         return sending
 
     def _kv_sender(self) -> KVSenderLike:

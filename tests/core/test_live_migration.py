@@ -7,7 +7,9 @@ The real-process version (router, UCX, SIGTERM) is tests/chaos/test_live_migrati
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,8 +17,14 @@ import pytest
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.errors import KVNotOnDeviceError, RequestSuspended, UnknownRequestError
+from pdserve.core.kv_cache import KVCache
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
-from pdserve.core.transfer.interface import TransferDescriptor
+from pdserve.core.transfer.interface import (
+    KVSenderLike,
+    PieceSendLike,
+    SendResult,
+    TransferDescriptor,
+)
 from pdserve.decode_service.engine import DecodeEngine, DecodeLimits, Suspension
 from pdserve.prefill_service.engine import PrefillEngine
 from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
@@ -81,7 +89,11 @@ def _take(stream: Stream, item: object) -> None:
     stream.finished = item.finished  # type: ignore[attr-defined]
 
 
-def _engines(model_dir: Path, ttl_s: float = 120.0) -> Workers:
+def _engines(
+    model_dir: Path,
+    ttl_s: float = 120.0,
+    migration_sender: Callable[[LocalKVSender], KVSenderLike] = lambda sender: sender,
+) -> Workers:
     hub = LocalTransferHub()
     config = EngineConfig(num_kv_blocks=96)
     prefill = PrefillEngine(model_dir, config, LocalKVSender(hub))
@@ -92,7 +104,7 @@ def _engines(model_dir: Path, ttl_s: float = 120.0) -> Workers:
             config,
             lambda cache: LocalKVReceiver(hub, cache, 4),
             limits,
-            sender_factory=lambda: LocalKVSender(hub),
+            sender_factory=lambda: migration_sender(LocalKVSender(hub)),
         )
 
     return Workers(prefill, decode(DecodeLimits(reservation_ttl_s=ttl_s)), decode(DecodeLimits()))
@@ -170,6 +182,63 @@ def test_a_suspended_request_nobody_moves_is_freed(
     time.sleep(0.1)
     workers.source.poll()
     assert not workers.source.pending() and workers.all_free()
+
+
+class _HeldSender:
+    """Pushes whose completion waits for `release` (a slow link)."""
+
+    def __init__(self, inner: LocalKVSender, release: concurrent.futures.Future[None]) -> None:
+        self.inner = inner
+        self.release = release
+        self.bytes_sent = self.pieces_sent = 0
+        self.seconds = 0.0
+
+    def open(
+        self, descriptor: TransferDescriptor, kv_cache: KVCache, blocks: list[int], tokens: int
+    ) -> PieceSendLike:
+        return _HeldSend(self.inner.open(descriptor, kv_cache, blocks, tokens), self.release)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _HeldSend:
+    def __init__(self, inner: PieceSendLike, release: concurrent.futures.Future[None]) -> None:
+        self.inner = inner
+        self.release = release
+        self.descriptor = inner.descriptor
+
+    def push(self, piece: int) -> None:
+        self.inner.push(piece)
+
+    def done(self) -> concurrent.futures.Future[SendResult]:
+        sent, settled = self.inner.done(), concurrent.futures.Future[SendResult]()
+        self.release.add_done_callback(lambda _: settled.set_result(sent.result()))
+        return settled
+
+
+def test_a_draining_worker_stays_busy_until_its_pushes_settle(
+    model_dir: Path, prompts: list[list[int]]
+) -> None:
+    """Stopping the server would cut a Migrate still pushing KV (a slow link): the drain, which
+    waits while the engine is pending, must see the push."""
+    release = concurrent.futures.Future[None]()
+    workers = _engines(model_dir, migration_sender=lambda sender: _HeldSender(sender, release))
+    stream = workers.start("slow-link", prompts[3], GREEDY)
+    _drive(workers.source, stream, until_tokens=3)
+    assert workers.source.suspend("slow-link") is Suspension.KV_READY
+    _drive(workers.source, stream)
+    reservation = workers.target.reserve("slow-link", prompts[3], GREEDY, stream.tokens[:-1], True)
+    sending = workers.source.migrate("slow-link", reservation.result(timeout=0))
+    assert not sending.done() and workers.source.pending()  # nothing suspended, a push on its way
+    release.set_result(None)
+    assert sending.result(timeout=5).nbytes > 0
+    assert not workers.source.pending()
+    workers.target.start("slow-link", reservation.result().token, stream.tokens[-1])
+    after = Stream()
+    _drive(workers.target, after)
+    assert after.finished and len(stream.tokens) + len(after.tokens) == MAX_TOKENS
+    assert workers.all_free()
 
 
 def test_a_live_reservation_leaves_room_for_a_token(
