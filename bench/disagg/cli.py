@@ -12,8 +12,11 @@ every arm gets the same two worker processes' worth of CPU, one core each, one t
                    and may lend the prefill worker streams, and every worker caps a decoding
                    step's prompt tokens to stay within --itl-slo (docs/router.md; 0: no cap)
 
-Each arm's cluster starts once, is warmed up (requests of every class, not counted), then serves
-every point: each rate `--repeats` times. A point (rate, repeat) sends `rate x --duration`
+The arms take turns, one repeat at a time: for each repeat every arm starts its cluster, is
+warmed up (requests of every class, not counted), serves that repeat of every rate and stops; the
+arms' order rotates from one repeat to the next (two arms run A B, B A, ...), so a host that
+drifts in speed during the run (this class of machine does, by 1.5x within an hour) weighs on every
+arm alike instead of on whichever ran last. A point (rate, repeat) sends `rate x --duration`
 requests at Poisson arrivals, streamed through the router, drawn from a seed of its own that every
 arm shares (workload.py): no prompt repeats within a run unless the SPEC asks for shared prefixes,
 while the prefix cache stays on as users run it. The report is SLO attainment (attainment.py),
@@ -128,9 +131,15 @@ def run(args: argparse.Namespace) -> int:
     warmup = plan_requests(classes, 2 * WARMUP_PER_WORKER, vocab_size, point_seed(args.seed, "w"))
     if not args.json:
         print_header(_slo_text(classes, settings))
+    served: dict[str, dict[float, list[Repeat]]] = {arm.name: {} for arm in arms}
+    for repeat in range(settings.repeats):
+        for arm in turn_order(arms, repeat):
+            todo = [point for point in points if point.repeat == repeat]
+            for rate, run in _run_arm(arm, model_dir, todo, warmup, settings, args, repeat):
+                served[arm.name].setdefault(rate, []).append(run)
     results: list[ArmResult] = []
     for arm in arms:
-        results.extend(_run_arm(arm, model_dir, points, warmup, settings, args))
+        results.extend(_report_arm(arm.name, served[arm.name], args.json))
     if args.plot is not None:
         plot_results(results, args.plot)
     return 0
@@ -173,6 +182,12 @@ def plan_points(
     return points
 
 
+def turn_order(arms: list[Arm], repeat: int) -> list[Arm]:
+    """The arms in the order they serve `repeat`: rotated by one each repeat."""
+    shift = repeat % len(arms)
+    return arms[shift:] + arms[:shift]
+
+
 def hash_seed(seed: str) -> int:
     """An int seed for the arrival schedule, stable across processes (unlike hash())."""
     return int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "little")
@@ -185,21 +200,24 @@ def _run_arm(
     warmup: tuple[PlannedRequest, ...],
     settings: BenchSettings,
     args: argparse.Namespace,
-) -> list[ArmResult]:
-    repeats: dict[float, list[Repeat]] = {}
-    log_dir = None if args.log_dir is None else args.log_dir / arm.name
+    repeat: int,
+) -> list[tuple[float, Repeat]]:
+    """One turn of `arm`: a fresh, warmed-up cluster serves `points` (one repeat's)."""
+    log_dir = None if args.log_dir is None else args.log_dir / arm.name / f"repeat-{repeat}"
     with running_arm(arm, model_dir, settings.arms, log_dir) as cluster:
         _send(cluster.router.address, warmup, rate=None, schedule_seed=0)
-        for point in points:
-            repeats.setdefault(point.rate, []).append(_run_point(cluster, point, settings))
-    results = [ArmResult.of(arm.name, rate, runs) for rate, runs in repeats.items()]
+        return [(point.rate, _run_point(cluster, point, settings)) for point in points]
+
+
+def _report_arm(name: str, served: dict[float, list[Repeat]], as_json: bool) -> list[ArmResult]:
+    results = [ArmResult.of(name, rate, runs) for rate, runs in served.items()]
     for result in results:
-        print(json.dumps(asdict(result)) if args.json else f"  {result.line()}", flush=True)
+        print(json.dumps(asdict(result)) if as_json else f"  {result.line()}", flush=True)
     rate = goodput_rate([(r.rate, r.attainment) for r in results])
-    if args.json:
-        print(json.dumps({"arm": arm.name, "goodput_rate": rate}), flush=True)
+    if as_json:
+        print(json.dumps({"arm": name, "goodput_rate": rate}), flush=True)
     else:
-        print(f"  {arm.name}: goodput rate {rate} req/s (attainment >= 90 % up to it)", flush=True)
+        print(f"  {name}: goodput rate {rate} req/s (attainment >= 90 % up to it)", flush=True)
     return results
 
 

@@ -14,7 +14,7 @@ from pdserve.bench.disagg.attainment import (
     outcome,
     outcomes,
 )
-from pdserve.bench.disagg.cli import BenchSettings, plan_points
+from pdserve.bench.disagg.cli import BenchSettings, plan_points, turn_order
 from pdserve.bench.disagg.report import ArmResult, PointCounters, Repeat
 from pdserve.bench.disagg.workload import (
     DEFAULT_SPEC,
@@ -59,6 +59,18 @@ def test_every_arm_gets_the_same_points() -> None:
     assert plan_points(classes, _settings(), VOCAB) == plan_points(classes, _settings(), VOCAB)
     other_seed = plan_points(classes, _settings(seed=1), VOCAB)
     assert other_seed[0].plan != plan_points(classes, _settings(), VOCAB)[0].plan
+
+
+def test_arms_take_turns_in_a_rotating_order() -> None:
+    """Each arm runs first in some repeat: a host's drift weighs on every arm alike."""
+    arms = [ARMS["colocated"], ARMS["adaptive"], ARMS["disaggregated"]]
+    orders = [[arm.name for arm in turn_order(arms, repeat)] for repeat in range(4)]
+    assert orders == [
+        ["colocated", "adaptive", "disaggregated"],
+        ["adaptive", "disaggregated", "colocated"],
+        ["disaggregated", "colocated", "adaptive"],
+        ["colocated", "adaptive", "disaggregated"],
+    ]
 
 
 def test_a_shared_prefix_is_shared_within_a_point_and_fresh_across_points() -> None:
