@@ -15,8 +15,10 @@ Greedy output is the target model's in both modes, so both produce the same toke
 speeds compare directly; every row says whether the tokens matched (`outputs_match`).
 With --json, one object per row on stdout:
 `{"mode": "off" | "ngram", "slots": N, "tokens_per_s": ..., "ms_per_token_batch1": ...,
-"acceptance_rate": ...}` and the run's conditions (`ms_per_token_batch1` is null in the rows of
-whole-workload runs, `tokens_per_s` of a batch-1 row counts its prefills too).
+"acceptance_rate": ...}`, the drafts verified and kept (`drafted_tokens`, `accepted_tokens`:
+drafts per output token say how often the n-grams found a match), and the run's conditions
+(`ms_per_token_batch1` is null in the rows of whole-workload runs, `tokens_per_s` of a batch-1
+row counts its prefills too).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Row:
     tokens_per_s: float
     ms_per_token_batch1: float | None
     acceptance_rate: float | None  # None with speculation off
+    drafted_tokens: int  # drafts verified (per output token: how often drafting found a match)
+    accepted_tokens: int
     output_tokens: int
     seconds: float
     outputs_match: bool  # the same tokens as the other mode's run of this setting
@@ -225,6 +229,8 @@ def _report(
                 else None
             ),
             acceptance_rate=timing.accepted / max(timing.drafted, 1) if mode != "off" else None,
+            drafted_tokens=timing.drafted,
+            accepted_tokens=timing.accepted,
             output_tokens=tokens,
             seconds=timing.seconds,
             outputs_match=match,

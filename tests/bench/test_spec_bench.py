@@ -45,3 +45,5 @@ def test_rows_per_mode_and_setting_with_equal_outputs(
         assert 0 < row["output_tokens"] <= 24 and row["tokens_per_s"] > 0
         assert (row["acceptance_rate"] is None) == (row["mode"] == "off")
         assert (row["ms_per_token_batch1"] is None) == (row["slots"] == 2)
+        assert 0 <= row["accepted_tokens"] <= row["drafted_tokens"]
+        assert (row["drafted_tokens"] == 0) == (row["mode"] == "off")
