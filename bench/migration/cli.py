@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import os
@@ -53,30 +52,27 @@ import signal
 import statistics
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
-
-import grpc
 
 from pdserve.bench.arg_types import positive_int, positive_ints
-from pdserve.bench.scrape import metric_value
-from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, ClusterSpec, Process
+from pdserve.bench.migration.drain import DrainRow, drain_row
+from pdserve.bench.migration.harness import (
+    TOKENS_BEFORE_MOVE,
+    RunningCluster,
+    Stream,
+    link_name,
+    num_running,
+    random_prompt,
+    running_cluster,
+    serve_stream,
+    until_each_has,
+)
+from pdserve.client import GenerationClient
+from pdserve.cluster import Process
 from pdserve.core.model.source import resolve_model
-from pdserve.netns import LinkShaping, link_rate
-from pdserve.v1 import common_pb2, decode_pb2_grpc
-
-FIRST_ORDINARY_TOKEN = 100  # clear of the special tokens at the start of the vocabulary
-TOKENS_BEFORE_MOVE = 8
-MAX_TOKENS = 32
-DRAIN_CONTEXT_TOKENS = 1000
-# A drain's streams must all still run when the last of them has its first tokens (one prefill
-# worker prefills them one after another), so they ask for far more than they get: once the
-# drained worker has exited the benchmark cancels them.
-DRAIN_MAX_TOKENS = 4096
+from pdserve.netns import link_rate
 
 
 @dataclass(frozen=True)
@@ -92,23 +88,7 @@ MODES = {
     "re_prefill": Move(signal.SIGKILL),
     "re_prefill_cold": Move(signal.SIGKILL, ("--no-prefix-cache",)),
 }
-UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
-# This benchmark's ports (apart from `bench disagg`'s 50100/50200): router at BASE_PORT, workers
-# at fixed offsets after it.
-BASE_PORT = 50300
-METRICS_BASE_PORT = 50400
-DRAIN_POLL_S = 0.02
 STUDENT_T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-
-
-class RunningCluster(Protocol):
-    """What this benchmark reads of a loopback `Cluster` or a `PodCluster`."""
-
-    @property
-    def router(self) -> Process: ...
-
-    @property
-    def decode(self) -> list[Process]: ...
 
 
 @dataclass(frozen=True)
@@ -120,23 +100,6 @@ class StallRow:
     repeats: int
     outputs_match: bool
     link: str
-
-
-@dataclass(frozen=True)
-class DrainRow:
-    streams: int
-    drain_s: float
-    streams_moved_s: float
-    held: int
-    moved_live: int
-    exit_code: int
-    link: str
-
-
-@dataclass
-class Stream:
-    tokens: list[int]
-    times: list[float]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         for row in _stall_rows(args, model_dir, vocab_size, context):
             _print(row, args.json)
     for count in args.streams:
-        _print(_drain_row(args, model_dir, vocab_size, count), args.json)
+        _print(drain_row(args, model_dir, vocab_size, count), args.json)
     print(f"loadavg after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     return 0
 
@@ -213,64 +176,20 @@ def _stall_rows(
     match = True
     for repeat in range(args.repeats):
         rng = random.Random(f"{args.seed}-{context}-{repeat}")
-        prompt = _prompt(rng, context - TOKENS_BEFORE_MOVE, vocab_size)
+        prompt = random_prompt(rng, context - TOKENS_BEFORE_MOVE, vocab_size)
         outputs = []
         for mode in args.modes:
             move = MODES[mode]
             name = f"{mode}-{context}-{repeat}"
-            with _running(args, model_dir, name, move.prefill_args) as cluster:
+            with running_cluster(args, model_dir, name, move.prefill_args) as cluster:
                 stream, moved_at = asyncio.run(_moved_stream(cluster, [prompt], move.signal))
                 outputs.append(stream[0].tokens)
                 stalls[mode].append(_worst_gap(stream[0].times, moved_at))
         match = match and all(output == outputs[0] for output in outputs)
     return [
-        StallRow(context, mode, statistics.fmean(s), _interval(s), len(s), match, _link(args))
+        StallRow(context, mode, statistics.fmean(s), _interval(s), len(s), match, link_name(args))
         for mode, s in stalls.items()
     ]
-
-
-def _drain_row(args: argparse.Namespace, model_dir: Path, vocab_size: int, count: int) -> DrainRow:
-    rng = random.Random(f"{args.seed}-drain-{count}")
-    length = DRAIN_CONTEXT_TOKENS - TOKENS_BEFORE_MOVE
-    prompts = [_prompt(rng, length, vocab_size) for _ in range(count)]
-    with _running(args, model_dir, f"drain-{count}") as cluster:
-        before = _router_count(cluster, "live")
-        drain = asyncio.run(_drained(cluster, prompts))
-        moved = int(_router_count(cluster, "live") - before)
-        return DrainRow(
-            count, drain.seconds, drain.moved_s, drain.held, moved, drain.exit_code, _link(args)
-        )
-
-
-@dataclass(frozen=True)
-class Drain:
-    seconds: float  # SIGTERM to exit
-    moved_s: float  # SIGTERM to idle: the worker's pdserve_drain_seconds, last read before exit
-    held: int  # streams the drained worker ran at the SIGTERM
-    exit_code: int
-
-
-async def _drained(cluster: RunningCluster, prompts: list[tuple[int, ...]]) -> Drain:
-    """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, SIGTERM to the decode
-    worker running the most of them: how long it takes to exit."""
-    streams = [Stream([], []) for _ in prompts]
-    async with GenerationClient.connect(cluster.router.address) as client:
-        tasks = [
-            asyncio.ensure_future(_stream(client, prompt, stream, DRAIN_MAX_TOKENS))
-            for prompt, stream in zip(prompts, streams, strict=True)
-        ]
-        await _until_each_has(streams, TOKENS_BEFORE_MOVE)
-        running = {worker.name: await _num_running(worker) for worker in cluster.decode}
-        source = max(cluster.decode, key=lambda worker: running[worker.name])
-        signalled = time.monotonic()
-        source.popen.send_signal(signal.SIGTERM)
-        moved_s = await asyncio.to_thread(_last_drain_seconds, source)
-        exit_code = source.popen.wait()
-        drained = time.monotonic() - signalled
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return Drain(drained, moved_s, running[source.name], exit_code)
 
 
 async def _moved_stream(
@@ -281,10 +200,10 @@ async def _moved_stream(
     streams = [Stream([], []) for _ in prompts]
     async with GenerationClient.connect(cluster.router.address) as client:
         tasks = [
-            asyncio.ensure_future(_stream(client, prompt, stream))
+            asyncio.ensure_future(serve_stream(client, prompt, stream))
             for prompt, stream in zip(prompts, streams, strict=True)
         ]
-        await _until_each_has(streams, TOKENS_BEFORE_MOVE)
+        await until_each_has(streams, TOKENS_BEFORE_MOVE)
         holder = await _holder(cluster.decode)
         moved_at = time.monotonic()
         holder.popen.send_signal(how)
@@ -292,68 +211,12 @@ async def _moved_stream(
     return streams, moved_at
 
 
-async def _stream(
-    client: GenerationClient, prompt: tuple[int, ...], stream: Stream, max_tokens: int = MAX_TOKENS
-) -> None:
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    async for chunk in client.generate_stream(
-        build_request(list(prompt), sampling=sampling), timeout=600
-    ):
-        if chunk.token_ids:
-            stream.times.append(time.monotonic())
-            stream.tokens.extend(chunk.token_ids)
-
-
-async def _until_each_has(streams: list[Stream], tokens: int) -> None:
-    while min(len(s.tokens) for s in streams) < tokens:
-        await asyncio.sleep(0.002)
-
-
 async def _holder(workers: list[Process]) -> Process:
     """The decode worker running a request now."""
     for worker in workers:
-        if await _num_running(worker):
+        if await num_running(worker):
             return worker
     raise RuntimeError("no decode worker runs the stream")
-
-
-async def _num_running(worker: Process) -> int:
-    async with grpc.aio.insecure_channel(worker.address) as channel:
-        load = await decode_pb2_grpc.DecodeStub(channel).Load(common_pb2.LoadRequest())
-    return int(load.num_running)
-
-
-@contextlib.contextmanager
-def _running(
-    args: argparse.Namespace, model_dir: Path, name: str, prefill_args: tuple[str, ...] = ()
-) -> Iterator[RunningCluster]:
-    """A fresh, ready cluster of 1 prefill and 2 decode workers, stopped on the way out."""
-    spec = ClusterSpec(
-        model_dir=model_dir,
-        num_prefill=1,
-        num_decode=2,
-        prefill_args=prefill_args,
-        base_port=BASE_PORT,
-        metrics_base_port=METRICS_BASE_PORT,
-        env=UCX_ENV,
-        drain_grace_seconds=120.0,
-    )
-    log_dir = None if args.log_dir is None else args.log_dir / name
-    if args.netns:
-        from pdserve.pod_cluster import PodCluster  # dnslib: only under --netns
-
-        with PodCluster(spec, LinkShaping(rate=args.link_rate), log_dir) as pods:
-            yield pods
-        return
-    with Cluster(spec, log_dir) as cluster:
-        cluster.wait_ready()
-        yield cluster
-
-
-def _link(args: argparse.Namespace) -> str:
-    if not args.netns:
-        return "loopback"
-    return "netns" if args.link_rate is None else f"netns {args.link_rate}"
 
 
 def _worst_gap(times: list[float], moved_at: float) -> float:
@@ -364,37 +227,12 @@ def _worst_gap(times: list[float], moved_at: float) -> float:
     return max(b - a for a, b in itertools.pairwise(after))
 
 
-def _prompt(rng: random.Random, count: int, vocab_size: int) -> tuple[int, ...]:
-    return tuple(rng.randrange(FIRST_ORDINARY_TOKEN, vocab_size) for _ in range(count))
-
-
 def _interval(values: list[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, mean
     half = STUDENT_T_95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
     return mean - half, mean + half
-
-
-def _last_drain_seconds(worker: Process) -> float:
-    """The worker's `pdserve_drain_seconds` as last read before its process exits: it grows
-    while the worker drains and holds once it is idle, until the server stops."""
-    last = 0.0
-    while worker.popen.poll() is None:
-        with contextlib.suppress(OSError, KeyError):
-            last = metric_value(worker.metrics_port, "pdserve_drain_seconds", worker.host)
-        time.sleep(DRAIN_POLL_S)
-    return last
-
-
-def _router_count(cluster: RunningCluster, outcome: str) -> float:
-    url = f"http://{cluster.router.host}:{cluster.router.metrics_port}/metrics"
-    wanted = f'pdserve_router_migrations_total{{outcome="{outcome}"}} '
-    with urllib.request.urlopen(url, timeout=5) as page:
-        for line in page.read().decode().splitlines():
-            if line.startswith(wanted):
-                return float(line.split()[1])
-    return 0.0
 
 
 def _print(row: StallRow | DrainRow, as_json: bool) -> None:

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from pdserve.bench.migration import cli as migration
+from pdserve.bench.migration import harness
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -46,10 +47,10 @@ def test_bad_counts_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_prompts_are_ordinary_tokens_and_differ_by_seed() -> None:
-    first = migration._prompt(random.Random("0-100-0"), 92, 49152)
-    second = migration._prompt(random.Random("0-100-1"), 92, 49152)
+    first = harness.random_prompt(random.Random("0-100-0"), 92, 49152)
+    second = harness.random_prompt(random.Random("0-100-1"), 92, 49152)
     assert len(first) == 92 and first != second
-    assert min(first) >= migration.FIRST_ORDINARY_TOKEN and max(first) < 49152
+    assert min(first) >= harness.FIRST_ORDINARY_TOKEN and max(first) < 49152
 
 
 def test_interval_is_a_student_t_interval_of_the_mean() -> None:
@@ -65,9 +66,9 @@ def test_link_rate_needs_netns(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_rows_name_their_link() -> None:
-    assert migration._link(_parse()) == "loopback"
-    assert migration._link(_parse("--netns")) == "netns"
-    assert migration._link(_parse("--netns", "--link-rate", "100mbit")) == "netns 100mbit"
+    assert harness.link_name(_parse()) == "loopback"
+    assert harness.link_name(_parse("--netns")) == "netns"
+    assert harness.link_name(_parse("--netns", "--link-rate", "100mbit")) == "netns 100mbit"
 
 
 def test_a_link_rate_is_a_tc_rate(capsys: pytest.CaptureFixture[str]) -> None:
