@@ -13,17 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.bench.migration.harness import (
-    TOKENS_BEFORE_MOVE,
-    RunningCluster,
-    Stream,
-    link_name,
-    num_running,
-    random_prompt,
-    running_cluster,
-    serve_stream,
-    until_each_has,
-)
+from pdserve.bench.migration import harness
 from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient
 from pdserve.cluster import Process
@@ -49,14 +39,20 @@ class DrainRow:
 
 def drain_row(args: argparse.Namespace, model_dir: Path, vocab_size: int, count: int) -> DrainRow:
     rng = random.Random(f"{args.seed}-drain-{count}")
-    length = DRAIN_CONTEXT_TOKENS - TOKENS_BEFORE_MOVE
-    prompts = [random_prompt(rng, length, vocab_size) for _ in range(count)]
-    with running_cluster(args, model_dir, f"drain-{count}") as cluster:
+    length = DRAIN_CONTEXT_TOKENS - harness.TOKENS_BEFORE_MOVE
+    prompts = [harness.random_prompt(rng, length, vocab_size) for _ in range(count)]
+    with harness.running_cluster(args, model_dir, f"drain-{count}") as cluster:
         before = _router_count(cluster, "live")
         drain = asyncio.run(_drained(cluster, prompts))
         moved = int(_router_count(cluster, "live") - before)
         return DrainRow(
-            count, drain.seconds, drain.moved_s, drain.held, moved, drain.exit_code, link_name(args)
+            count,
+            drain.seconds,
+            drain.moved_s,
+            drain.held,
+            moved,
+            drain.exit_code,
+            harness.link_name(args),
         )
 
 
@@ -68,17 +64,17 @@ class Drain:
     exit_code: int
 
 
-async def _drained(cluster: RunningCluster, prompts: list[tuple[int, ...]]) -> Drain:
+async def _drained(cluster: harness.RunningCluster, prompts: list[tuple[int, ...]]) -> Drain:
     """Streams the prompts; once each has TOKENS_BEFORE_MOVE tokens, SIGTERM to the decode
     worker running the most of them: how long it takes to exit."""
-    streams = [Stream([], []) for _ in prompts]
+    streams = [harness.Stream([], []) for _ in prompts]
     async with GenerationClient.connect(cluster.router.address) as client:
         tasks = [
-            asyncio.ensure_future(serve_stream(client, prompt, stream, DRAIN_MAX_TOKENS))
+            asyncio.ensure_future(harness.serve_stream(client, prompt, stream, DRAIN_MAX_TOKENS))
             for prompt, stream in zip(prompts, streams, strict=True)
         ]
-        await until_each_has(streams, TOKENS_BEFORE_MOVE)
-        running = {worker.name: await num_running(worker) for worker in cluster.decode}
+        await harness.until_each_has(streams, harness.TOKENS_BEFORE_MOVE)
+        running = {worker.name: await harness.num_running(worker) for worker in cluster.decode}
         source = max(cluster.decode, key=lambda worker: running[worker.name])
         signalled = time.monotonic()
         source.popen.send_signal(signal.SIGTERM)
@@ -102,7 +98,7 @@ def _last_drain_seconds(worker: Process) -> float:
     return last
 
 
-def _router_count(cluster: RunningCluster, outcome: str) -> float:
+def _router_count(cluster: harness.RunningCluster, outcome: str) -> float:
     url = f"http://{cluster.router.host}:{cluster.router.metrics_port}/metrics"
     wanted = f'pdserve_router_migrations_total{{outcome="{outcome}"}} '
     with urllib.request.urlopen(url, timeout=5) as page:
