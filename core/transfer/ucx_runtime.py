@@ -53,6 +53,11 @@ class UcxConfig:
         not support it, so True forces TCP even between processes on one host; use True across
         pods (a dead peer then fails the transfer instead of hanging it).
     send_timeout_s: how long a send may wait for the receiver to take the bytes.
+    tcp_syn_retries: SYNs UCX's TCP transport resends before a connect fails (UCX's
+        `TCP_SYN_CNT`; None leaves the kernel's default, 6: 127 s). UCX connects on its progress
+        thread and nothing else moves meanwhile, so a connect to a pod that vanished without an
+        answer stalled every transfer of the worker for two minutes; 2 gives up after 7 s and
+        still survives a lost SYN. `options` may set `TCP_SYN_CNT` itself.
     staging_pool_bytes: idle staging memory kept for reuse (see `StagingPool`).
     progress_polling: UCX's progress thread spins instead of sleeping in epoll: lower latency per
         rendezvous step, one busy core per worker. Off by default (see docs/transfer.md).
@@ -63,6 +68,7 @@ class UcxConfig:
     options: tuple[tuple[str, str], ...] = ()
     endpoint_error_handling: bool = False
     send_timeout_s: float = 30.0
+    tcp_syn_retries: int | None = 2
     staging_pool_bytes: int = 256 * 2**20
     progress_polling: bool = False
     staging: StagingPlace = StagingPlace.HOST
@@ -70,6 +76,8 @@ class UcxConfig:
     def __post_init__(self) -> None:
         if self.send_timeout_s <= 0:
             raise ValueError(f"send_timeout_s: must be > 0, got {self.send_timeout_s}")
+        if self.tcp_syn_retries is not None and self.tcp_syn_retries < 1:
+            raise ValueError(f"tcp_syn_retries: must be >= 1, got {self.tcp_syn_retries}")
         if self.staging_pool_bytes < 0:
             raise ValueError(f"staging_pool_bytes: must be >= 0, got {self.staging_pool_bytes}")
 
@@ -81,7 +89,7 @@ class UcxRuntime:
         self.config = config
         self._loop = asyncio.new_event_loop()
         self._context = ucx_api.UCXContext(
-            dict(config.options), feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP)
+            _context_options(config), feature_flags=(ucx_api.Feature.TAG, ucx_api.Feature.WAKEUP)
         )
         self.worker = ucx_api.UCXWorker(self._context, enable_python_future=True)
         self.worker.start_progress_thread(polling_mode=config.progress_polling, epoll_timeout=1)
@@ -133,6 +141,13 @@ class UcxRuntime:
         self.worker.stop_progress_thread()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=5.0)
+
+
+def _context_options(config: UcxConfig) -> dict[str, str]:
+    defaults = {}
+    if config.tcp_syn_retries is not None:
+        defaults["TCP_SYN_CNT"] = str(config.tcp_syn_retries)
+    return defaults | dict(config.options)
 
 
 async def _populate_futures(worker: ucx_api.UCXWorker) -> None:

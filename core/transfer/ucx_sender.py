@@ -6,15 +6,18 @@ on the caller's thread, so the prefill engine can call it from inside the forwar
 those layers wrote their KV; `done()` returns a future that completes on the UCX loop thread once
 every piece has been taken by the receiver (see `ucx` for the receiving side and `staging` for the
 piece layout). The source blocks may be reused once the last `push` has returned.
+
+A piece for a peer not connected yet is posted by the UCX loop once the connect is done
+(`ucx_endpoints`: a connect never runs on the caller's thread), within the send timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import threading
 
 import ucxx._lib.libucxx as ucx_api
+from ucxx._lib.arr import Array
 
 from pdserve.core.kv_cache import KVCache
 from pdserve.core.transfer.interface import (
@@ -27,6 +30,7 @@ from pdserve.core.transfer.interface import (
 )
 from pdserve.core.transfer.piece_send import PieceSendBase, SendCounters
 from pdserve.core.transfer.staging import Piece, StagingPool
+from pdserve.core.transfer.ucx_endpoints import Connection, Endpoints
 from pdserve.core.transfer.ucx_runtime import UcxConfig, UcxRuntime, close_endpoint, ucx_buffer
 
 
@@ -37,8 +41,7 @@ class KVSender(SendCounters):
         super().__init__()
         self.runtime = UcxRuntime(config)
         self.pool = StagingPool(config.staging_pool_bytes)
-        self._lock = threading.Lock()
-        self._endpoints: dict[bytes, ucx_api.UCXEndpoint] = {}
+        self.endpoints = Endpoints(self.runtime)
 
     def open(
         self,
@@ -53,24 +56,34 @@ class KVSender(SendCounters):
         return PieceSend(self, descriptor, kv_cache, src_block_ids)
 
     def close(self) -> None:
-        with self._lock:
-            endpoints, self._endpoints = list(self._endpoints.values()), {}
-        for endpoint in endpoints:
+        for endpoint in self.endpoints.take_all():
             self.runtime.call(close_endpoint(endpoint))
         self.runtime.close()
 
-    def endpoint(self, peer: bytes) -> ucx_api.UCXEndpoint:
-        """One cached endpoint per decode worker (creating one costs ~0.1 s)."""
-        with self._lock:
-            endpoint = self._endpoints.get(peer)
-            if endpoint is None:
-                endpoint = ucx_api.UCXEndpoint.create_from_worker_address(
-                    self.runtime.worker,
-                    ucx_api.UCXAddress.create_from_buffer(peer),
-                    self.runtime.config.endpoint_error_handling,
-                )
-                self._endpoints[peer] = endpoint
-            return endpoint
+    async def send_when_connected(
+        self,
+        descriptor: TransferDescriptor,
+        connection: Connection,
+        buffer: Array,
+        tag: ucx_api.UCXXTag,
+    ) -> None:
+        """Posts a send once the endpoint it needs is connected, then waits for it (each wait
+        bounded by the send timeout)."""
+        timeout = self.runtime.config.send_timeout_s
+        waiter = asyncio.shield(asyncio.wrap_future(connection))  # shared with other sends
+        try:
+            endpoint = await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            raise TransferTimeoutError(
+                f"request {descriptor.request_id!r}: no connection to decode within {timeout} s"
+            ) from None
+        except ucx_api.UCXError as error:
+            raise TransferError(f"peer_address: cannot connect to it: {error!r}") from error
+        try:
+            request = endpoint.tag_send(buffer, tag)
+        except ucx_api.UCXError as error:
+            raise TransferError(f"peer_address: cannot send to it: {error!r}") from error
+        await self.completion(descriptor, request)
 
     async def completion(self, descriptor: TransferDescriptor, request: ucx_api.UCXRequest) -> None:
         """Waits for one posted send; a timeout or an error closes the endpoint and raises."""
@@ -89,8 +102,7 @@ class KVSender(SendCounters):
             raise TransferError(f"request {descriptor.request_id!r}: {waiter.exception()!r}")
 
     async def _drop_endpoint(self, peer: bytes) -> None:
-        with self._lock:
-            endpoint = self._endpoints.pop(peer, None)
+        endpoint = self.endpoints.drop(peer)
         if endpoint is not None:
             await close_endpoint(endpoint)
 
@@ -113,17 +125,20 @@ class PieceSend(PieceSendBase):
         self._sends: list[concurrent.futures.Future[None]] = []
 
     def _send(self, piece: int, target: Piece) -> None:
-        tag = ucx_api.UCXXTag(piece_tag(self.descriptor.token, piece))
+        sender, descriptor = self._sender, self.descriptor
+        tag = ucx_api.UCXXTag(piece_tag(descriptor.token, piece))
+        connection = sender.endpoints.connection(descriptor.peer_address)
+        if not connection.done() or connection.exception() is not None:
+            buffer = ucx_buffer(target.raw)
+            waiting = sender.send_when_connected(descriptor, connection, buffer, tag)
+            self._sends.append(sender.runtime.submit(waiting))
+            return
         try:
-            request = self._sender.endpoint(self.descriptor.peer_address).tag_send(
-                ucx_buffer(target.raw), tag
-            )
+            request = connection.result().tag_send(ucx_buffer(target.raw), tag)
         except ucx_api.UCXError as error:
             self._errors.append(TransferError(f"peer_address: cannot send to it: {error!r}"))
             return
-        self._sends.append(
-            self._sender.runtime.submit(self._sender.completion(self.descriptor, request))
-        )
+        self._sends.append(sender.runtime.submit(sender.completion(descriptor, request)))
 
     def done(self) -> concurrent.futures.Future[SendResult]:
         self._note_missing_pieces()

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
+import stat
+import sys
+import tempfile
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from pdserve.core.kv_cache import KVLayout
+from pdserve.netns import POD_INTERFACE, Pod
 
 POLL_INTERVAL_S = 0.001
 # 4 layers x 3 heads x 64 dims x 16 tokens x float32: 96 KiB a block, above UCX's rendezvous
@@ -47,18 +53,30 @@ class Peer:
         num_pieces: int = 1,
         device: str = "cpu",
         staging: str = "host",
+        pod: Pod | None = None,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
+        """`pod`: the peer runs in that network namespace, over its pod link, with endpoint
+        error handling on, as the tiers run across pods."""
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         env = {
             "UCX_TLS": tls,
-            "UCX_NET_DEVICES": "lo",
+            "UCX_NET_DEVICES": "lo" if pod is None else POD_INTERFACE,
             "UCXPY_ENABLE_PYTHON_FUTURE": "1",
             "UCX_WARN_UNUSED_ENV_VARS": "n",
         }
-        args = (child, role, env, layout, num_blocks, num_pieces, device, staging)
+        config = (num_pieces, device, staging, pod is not None, send_timeout_s)
+        args = (child, role, env, layout, num_blocks, config)
         self.process = context.Process(target=run_peer, args=args, daemon=True)
-        self.process.start()
+        self._wrapper_dir = None if pod is None else Path(tempfile.mkdtemp(prefix="pdserve-peer-"))
+        if pod is not None and self._wrapper_dir is not None:
+            # spawn runs the child through it
+            context.set_executable(_python_in(pod, self._wrapper_dir))
+        try:
+            self.process.start()
+        finally:
+            context.set_executable(sys.executable)
         child.close()
         self.address: bytes = self._receive(STARTUP_TIMEOUT_S)
 
@@ -80,11 +98,23 @@ class Peer:
             self.process.kill()
             self.process.join(timeout=5.0)
         self._conn.close()
+        if self._wrapper_dir is not None:
+            shutil.rmtree(self._wrapper_dir, ignore_errors=True)
 
     def _receive(self, timeout_s: float) -> Any:
         if not self._conn.poll(timeout_s):
             raise TimeoutError(f"peer {self.process.pid} gave no answer within {timeout_s} s")
         return self._conn.recv()
+
+
+def _python_in(pod: Pod, folder: Path) -> str:
+    """An executable in `folder` that runs this Python inside `pod` (what spawn starts children
+    with)."""
+    wrapper = folder / "python"
+    prefix = " ".join(pod.exec_prefix())
+    wrapper.write_text(f'#!/bin/sh\nexec {prefix} {sys.executable} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return str(wrapper)
 
 
 def run_peer(
@@ -93,10 +123,9 @@ def run_peer(
     env: dict[str, str],
     layout: KVLayout,
     num_blocks: int,
-    num_pieces: int,
-    device: str,
-    staging: str,
+    config_args: tuple[int, str, str, bool, float],
 ) -> None:
+    num_pieces, device, staging, error_handling, send_timeout_s = config_args
     os.environ.update(env)
     import torch
 
@@ -109,7 +138,11 @@ def run_peer(
     cache = KVCache(layout, num_blocks, device)
     generator = torch.Generator().manual_seed(1 if role == "prefill" else 2)
     cache.tensor.copy_(torch.randn(cache.tensor.shape, generator=generator))
-    config = UcxConfig(send_timeout_s=SEND_TIMEOUT_S, staging=StagingPlace(staging))
+    config = UcxConfig(
+        endpoint_error_handling=error_handling,
+        send_timeout_s=send_timeout_s,
+        staging=StagingPlace(staging),
+    )
     peer: KVReceiver | KVSender = (
         KVReceiver(cache, config, num_pieces) if role == "decode" else KVSender(config)
     )
@@ -168,7 +201,7 @@ def _send_short(peer: Any, cache: Any, descriptor: Any, piece: int) -> None:
 
     from pdserve.core.transfer.interface import piece_tag
 
-    endpoint = peer.endpoint(descriptor.peer_address)
+    endpoint = peer.endpoints.connection(descriptor.peer_address).result(timeout=CALL_TIMEOUT_S)
     tag = ucx_api.UCXXTag(piece_tag(descriptor.token, piece))
     request = endpoint.tag_send(Array(np.zeros(1, dtype=np.uint8)), tag)
     deadline = time.monotonic() + CALL_TIMEOUT_S
@@ -183,6 +216,38 @@ def _send_and_die(peer: Any, cache: Any, descriptor: Any, src: list[int], after_
     send_whole(peer, descriptor, cache, src, len(src) * descriptor.layout.block_size)
     time.sleep(after_s)
     os._exit(1)
+
+
+def _send_all(peer: Any, cache: Any, transfers: list[tuple[Any, list[int]]]) -> Any:
+    """Pushes every transfer before waiting for any; (seconds the pushes took, then each
+    transfer's "ok" or error and the seconds from the first push until it settled)."""
+    started = time.monotonic()
+    sendings = []
+    for descriptor, src in transfers:
+        sending = peer.open(descriptor, cache, src, len(src) * descriptor.layout.block_size)
+        for piece in range(descriptor.num_pieces):
+            sending.push(piece)
+        sendings.append(sending.done())
+    pushed_s = time.monotonic() - started
+    outcomes = []
+    for done in sendings:
+        try:
+            done.result(timeout=CALL_TIMEOUT_S * 3)
+            outcome = "ok"
+        except Exception as error:
+            outcome = f"{type(error).__name__}: {error}"
+        outcomes.append((outcome, time.monotonic() - started))
+    return pushed_s, outcomes
+
+
+def _resolve(peer: Any, cache: Any, address: str) -> None:
+    """One UDP datagram to `address`: this pod's kernel learns its hardware address, as any
+    earlier traffic to it would have taught it."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.sendto(b"hello", (address, 9))
+    time.sleep(0.2)
 
 
 def _collect_garbage(peer: Any, cache: Any) -> int:
@@ -200,6 +265,8 @@ _COMMANDS: dict[str, Any] = {
     "cancel": lambda peer, cache, rid: peer.cancel(rid),
     "tracked": lambda peer, cache: peer.num_tracked,
     "send": _send,
+    "send_all": _send_all,
+    "resolve": _resolve,
     "push": _push,
     "send_short": _send_short,
     "idle_staging": lambda peer, cache: (
