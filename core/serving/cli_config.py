@@ -162,6 +162,14 @@ def add_ucx_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(group, "--ucx-send-timeout-seconds", float, 30.0, "how long a KV send may wait")
     add_flag(
         group,
+        "--ucx-tcp-syn-retries",
+        int,
+        2,
+        "SYNs resent before a KV connect fails (UCX's TCP_SYN_CNT: 2 gives up on a vanished pod "
+        "after 7 s; the kernel's default waits 127 s while no other transfer moves)",
+    )
+    add_flag(
+        group,
         "--kv-staging",
         str,
         "host",
@@ -178,6 +186,7 @@ def ucx_config_from_args(args: argparse.Namespace) -> UcxConfig:
     return UcxConfig(
         endpoint_error_handling=args.ucx_endpoint_error_handling,
         send_timeout_s=args.ucx_send_timeout_seconds,
+        tcp_syn_retries=args.ucx_tcp_syn_retries,
         staging=StagingPlace(args.kv_staging),
     )
 
