@@ -50,7 +50,6 @@ from pdserve.core.step_plan import (
     SchedulerOutput as SchedulerOutput,  # re-exported: imported from here
 )
 from pdserve.core.step_plan import StepBudget, StepPlan
-from pdserve.core.step_shape import StepShape
 
 
 class Scheduler:
@@ -124,10 +123,9 @@ class Scheduler:
         self._schedule_drafts(step)
         return step.output()
 
-    def _decodes(self) -> StepShape:
+    def _decodes(self) -> list[Request]:
         """The one-token decodes the running batch will take this step (before admissions)."""
-        behind_by_one = [r for r in self.running if r.target_tokens - r.num_computed_tokens == 1]
-        return StepShape.decodes(len(behind_by_one), sum(r.num_tokens for r in behind_by_one))
+        return [r for r in self.running if r.target_tokens - r.num_computed_tokens == 1]
 
     def _schedule_running(self, step: StepPlan) -> None:
         for request in sorted(self.running, key=self._rank):

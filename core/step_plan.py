@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pdserve.core.request import Request
-from pdserve.core.step_shape import StepShape
 
 
 class PrefillLimit(Protocol):
@@ -20,9 +20,9 @@ class PrefillLimit(Protocol):
 
 class StepBudget(Protocol):
     """Caps each step's prompt tokens (an ITL SLO, planner/step_budget.py); the scheduler asks
-    it once per step, knowing the step's decodes."""
+    it once per step, with the requests the step decodes."""
 
-    def for_step(self, decodes: StepShape) -> PrefillLimit: ...
+    def for_step(self, decodes: Sequence[Request]) -> PrefillLimit: ...
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--itl-slo-mode",
+        str,
+        "step",
+        "what every worker's --itl-slo bounds: step or mean (docs/router.md)",
+        choices=["step", "mean"],
+    )
+    add_flag(
+        parser,
         "--routing-policy",
         str,
         RoutingPolicy.LEAST_LOADED.value,
@@ -244,4 +252,4 @@ def _cost_model_args(args: argparse.Namespace, worker_args: tuple[str, ...]) -> 
     router = shared
     if budget in worker_args[:-1]:
         router += (budget, worker_args[worker_args.index(budget) + 1])
-    return CostModelArgs(shared, router)
+    return CostModelArgs((*shared, "--itl-slo-mode", args.itl_slo_mode), router)

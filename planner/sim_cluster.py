@@ -34,7 +34,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.scheduler import Scheduler
 from pdserve.planner.profile import Profile
 from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
-from pdserve.planner.step_budget import StepCosts
+from pdserve.planner.step_budget import ItlMode, StepCosts, WorkerStepBudget
 from pdserve.planner.workload import TraceRequest
 from pdserve.router.adaptive_placement import WorkerRole, WorkerState, place_adaptive
 from pdserve.router.placement import (
@@ -58,6 +58,7 @@ class Deployment:
     prefill_share: float = 1.0
     decode_share: float = 1.0
     itl_slo_s: float | None = None  # the workers' (and router's) --itl-slo
+    itl_slo_mode: ItlMode = ItlMode.STEP  # the workers' --itl-slo-mode
 
     def __post_init__(self) -> None:
         if self.num_prefill < 0:
@@ -142,7 +143,8 @@ class ClusterSim:
         if deployment.itl_slo_s is not None:
             for worker in self.prefill + self.decode:
                 config = worker.config.max_num_batched_tokens
-                worker.scheduler.step_budget = StepCosts(profile, config, deployment.itl_slo_s)
+                costs = StepCosts(profile, config, deployment.itl_slo_s, deployment.itl_slo_mode)
+                worker.scheduler.step_budget = WorkerStepBudget(costs, clock=lambda: self.now)
         self._costs = deployment.costs(profile)
         self._lent: set[str] = set()  # prefill workers lent streams (adaptive)
         self._decode_of: dict[str, SimWorker] = {}

@@ -13,6 +13,17 @@ contexts alike. A step with no decodes has no stream to protect: only `max_num_b
 bounds it. When the decodes alone fill the SLO, the first chunk still gets MIN_CHUNK_TOKENS:
 otherwise a busy worker would never finish a prompt.
 
+What S bounds (`--itl-slo-mode`, `ItlMode`):
+- `step` (default): every step, as above. A prompt then needs as many steps as its chunks, each
+  as dear as a decode step: on a 2-core host where a decode step of 2-8 streams costs 100-162 ms
+  a 150 ms cap took 16-19 prompt tokens a step, and a 200-token chat prompt 12-13 steps (its TTFT
+  2.7-3.1x colocated's, docs/disaggregation.md).
+- `mean`: each running stream's mean gap since its first decode on this worker, which is what a
+  TPOT SLO judges. A stream whose steps came faster than S has banked the difference, and the
+  step may spend it: the cap is min over the step's decodes of S * (gaps + 1) - elapsed, so the
+  next token of every stream still arrives by its first decode + S per gap. A stream behind
+  gets a cap below S and catches up.
+
 The same arithmetic predicts how a prompt would be chunked on a worker (`prefill_steps`), which is
 what the router's adaptive placement and the planner's simulator read.
 """
@@ -20,16 +31,26 @@ what the router's adaptive placement and the planner's simulator read.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import enum
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from pdserve.core.config import EngineConfig
+from pdserve.core.request import Request
 from pdserve.core.step_shape import StepShape
 from pdserve.planner.profile import Profile, load_profile
 
 # Prompt tokens a step may always take (one KV block at the default block size): progress for
 # prompts on a worker whose decodes alone already use the SLO.
 MIN_CHUNK_TOKENS = 16
+
+
+class ItlMode(enum.Enum):
+    """What the ITL SLO bounds (`--itl-slo-mode`)."""
+
+    STEP = "step"  # every step's predicted time
+    MEAN = "mean"  # each running stream's mean gap since its first decode here
 
 
 @dataclass(frozen=True)
@@ -39,6 +60,7 @@ class StepCosts:
     profile: Profile
     max_num_batched_tokens: int
     itl_slo_s: float | None = None
+    itl_mode: ItlMode = ItlMode.STEP
 
     def __post_init__(self) -> None:
         if self.itl_slo_s is not None and not self.itl_slo_s > 0:
@@ -52,8 +74,8 @@ class StepCosts:
         return self.profile.step_seconds(shape)
 
     def for_step(self, decodes: StepShape) -> SloPrefillLimit:
-        """The scheduler's per-step limit (core.step_plan.StepBudget)."""
-        return SloPrefillLimit(self, decodes)
+        """A step's limit with every step held within the SLO (what predictions assume)."""
+        return SloPrefillLimit(self, decodes, self.itl_slo_s)
 
     def prefill_steps(
         self, decodes: StepShape, prompts: tuple[int, ...]
@@ -69,13 +91,50 @@ class StepCosts:
                 start += num_new
 
 
+class WorkerStepBudget:
+    """A worker scheduler's step budget (core.step_plan.StepBudget): the step's cap from
+    `costs.itl_mode`, on `clock` (the simulator passes its own). In `mean` mode it remembers
+    when each running stream took its first decode here and how many tokens it had."""
+
+    def __init__(self, costs: StepCosts, clock: Callable[[], float] = time.monotonic) -> None:
+        self.costs = costs
+        self._clock = clock
+        self._first_decode: dict[str, tuple[float, int]] = {}  # request id -> (when, tokens)
+
+    def for_step(self, decodes: Sequence[Request]) -> SloPrefillLimit:
+        shape = StepShape.decodes(len(decodes), sum(r.num_tokens for r in decodes))
+        return SloPrefillLimit(self.costs, shape, self._cap(decodes))
+
+    def _cap(self, decodes: Sequence[Request]) -> float | None:
+        slo = self.costs.itl_slo_s
+        if slo is None or self.costs.itl_mode is ItlMode.STEP:
+            return slo
+        now = self._clock()
+        self._remember(decodes, now)
+        caps = []
+        for request in decodes:
+            since, tokens = self._first_decode[request.request_id]
+            gaps = len(request.output_token_ids) - tokens
+            caps.append(slo * (gaps + 1) - (now - since))
+        return min(caps, default=slo)
+
+    def _remember(self, decodes: Sequence[Request], now: float) -> None:
+        """Keeps the step's decodes only: a stream out of the batch (finished, preempted)
+        starts afresh if it comes back."""
+        known = self._first_decode
+        self._first_decode = {
+            r.request_id: known.get(r.request_id) or (now, len(r.output_token_ids)) for r in decodes
+        }
+
+
 class SloPrefillLimit:
     """One step's prompt-token limit: grants chunks while the step's predicted time stays within
-    the SLO (core.step_plan.PrefillLimit)."""
+    `cap_s` (None: no cap; core.step_plan.PrefillLimit)."""
 
-    def __init__(self, costs: StepCosts, decodes: StepShape) -> None:
+    def __init__(self, costs: StepCosts, decodes: StepShape, cap_s: float | None) -> None:
         self.costs = costs
         self.shape = decodes  # what the step holds so far
+        self.cap_s = cap_s
 
     def grant(self, start: int, wanted: int) -> int:
         num_new = self._fitting(start, wanted)
@@ -83,7 +142,7 @@ class SloPrefillLimit:
         return num_new
 
     def _fitting(self, start: int, wanted: int) -> int:
-        slo = self.costs.itl_slo_s
+        slo = self.cap_s
         if slo is None or self.shape.decode_seqs == 0:
             return wanted
         floor = min(wanted, MIN_CHUNK_TOKENS) if self.shape.prefill_tokens == 0 else 0
@@ -105,4 +164,9 @@ def worker_step_costs(args: argparse.Namespace, config: EngineConfig) -> StepCos
         return None
     if args.profile is None:
         raise ValueError("--itl-slo: needs --profile (the cost model that prices a step)")
-    return StepCosts(load_profile(args.profile), config.max_num_batched_tokens, args.itl_slo)
+    return StepCosts(
+        load_profile(args.profile),
+        config.max_num_batched_tokens,
+        args.itl_slo,
+        ItlMode(args.itl_slo_mode),
+    )

@@ -14,7 +14,7 @@ from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.tier_runtime import TierRuntime, add_tier_arguments, run_tier
 
 if TYPE_CHECKING:
-    from pdserve.planner.step_budget import StepCosts
+    from pdserve.planner.step_budget import StepCosts, WorkerStepBudget
 
 SERVICE_NAME = "pdserve.v1.Prefill"  # also the readiness name
 DEFAULT_PORT = 50061
@@ -56,6 +56,6 @@ def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> Engin
     engine = PrefillEngine(
         resolve_model(args.model, args.model_cache), config, KVSender(ucx_config_from_args(args))
     )
-    engine.scheduler.step_budget = step_costs
+    engine.scheduler.step_budget = None if step_costs is None else WorkerStepBudget(step_costs)
     register_engine_gauges(engine)
     return EngineLoop(engine)

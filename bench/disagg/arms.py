@@ -50,6 +50,7 @@ class ArmSettings:
     chunk_tokens: int
     profile: Path
     itl_slo_s: float | None
+    itl_slo_mode: str = "step"  # what the ITL SLO bounds (planner/step_budget.py ItlMode)
 
 
 def worker_and_router_flags(
@@ -63,7 +64,8 @@ def worker_and_router_flags(
     cost_model: tuple[str, ...] = ("--profile", str(settings.profile))
     if settings.itl_slo_s is not None:
         cost_model += ("--itl-slo", str(settings.itl_slo_s))
-    return (*chunk, *cost_model), ("--placement", "adaptive", *chunk, *cost_model)
+    worker_cost_model = (*cost_model, "--itl-slo-mode", settings.itl_slo_mode)
+    return (*chunk, *worker_cost_model), ("--placement", "adaptive", *chunk, *cost_model)
 
 
 @contextlib.contextmanager

@@ -67,12 +67,15 @@ class BenchSettings:
     chunk_tokens: int
     profile: Path = DEFAULT_PROFILE
     itl_slo_s: float | None = None  # None: the TPOT SLO; 0: no step budget
+    itl_slo_mode: str = "step"
 
     @property
     def arms(self) -> ArmSettings:
         itl_slo = self.tpot_slo_s if self.itl_slo_s is None else self.itl_slo_s
         budget = itl_slo if itl_slo > 0 else None
-        return ArmSettings(self.threshold, self.chunk_tokens, self.profile, budget)
+        return ArmSettings(
+            self.threshold, self.chunk_tokens, self.profile, budget, self.itl_slo_mode
+        )
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="adaptive arm's ITL SLO, s (default: TPOT's; 0: none)",
+    )
+    parser.add_argument(
+        "--itl-slo-mode",
+        choices=["step", "mean"],
+        default="step",
+        help="what the adaptive arm's ITL SLO bounds (workers' --itl-slo-mode)",
     )
     parser.add_argument(
         "--slo-tpot", type=float, default=0.15, help="TPOT SLO, seconds (TTFT SLOs: the SPEC)"
@@ -165,6 +174,7 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         args.chunk,
         args.profile,
         args.itl_slo,
+        args.itl_slo_mode,
     )
 
 

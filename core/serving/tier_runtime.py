@@ -155,6 +155,15 @@ def add_tier_arguments(parser: argparse.ArgumentParser, port: int, metrics_port:
         "seconds: a step that decodes takes only the prompt tokens that keep its predicted time "
         "within this (needs --profile; default: off)",
     )
+    add_flag(
+        group,
+        "--itl-slo-mode",
+        str,
+        "step",
+        "what --itl-slo bounds: step (every step's predicted time) or mean (each running "
+        "stream's mean gap since its first decode here: a stream ahead lends its slack)",
+        choices=["step", "mean"],
+    )
     add_flag(group, "--profile", Path, None, "`pdserve profile`'s cost model (for --itl-slo)")
 
 

@@ -209,3 +209,22 @@ def test_an_itl_slo_caps_the_simulated_steps_too() -> None:
         if "0" in output.num_scheduled_tokens
     ]
     assert max(chunks) == MIN_CHUNK_TOKENS
+
+
+def test_the_mean_itl_mode_runs_on_the_simulated_clock() -> None:
+    """Under --itl-slo-mode mean the simulated workers price a stream's gaps by simulated time:
+    every step takes twice the SLO, so the stream is ever further behind and a prompt beside
+    it still gets MIN_CHUNK_TOKENS a step (on a wall clock the gaps would look free)."""
+    from pdserve.planner.step_budget import MIN_CHUNK_TOKENS, ItlMode
+
+    deployment = Deployment(0, 1, itl_slo_s=STEP / 2, itl_slo_mode=ItlMode.MEAN)
+    sim = ClusterSim(deployment, fixed_step_profile(STEP))
+    for worker in sim.decode:
+        worker.record_outputs = True
+    sim.run([TraceRequest(0.0, 4, 10), TraceRequest(STEP / 2, 100, 1)])
+    chunks = [
+        output.num_scheduled_tokens.get("1", 0)
+        for output in sim.decode[0].outputs
+        if "0" in output.num_scheduled_tokens
+    ]
+    assert max(chunks) == MIN_CHUNK_TOKENS

@@ -10,7 +10,7 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler
 from pdserve.core.step_shape import StepShape
 from pdserve.planner.profile import BlockCosts, CostModel, Profile
-from pdserve.planner.step_budget import MIN_CHUNK_TOKENS, StepCosts
+from pdserve.planner.step_budget import MIN_CHUNK_TOKENS, ItlMode, StepCosts, WorkerStepBudget
 
 # 50 ms a step, 1 ms a prompt token, 5 ms a decoding stream.
 PROFILE = Profile(
@@ -63,7 +63,7 @@ def test_the_scheduler_caps_a_prompt_chunk_beside_decodes() -> None:
     """Two streams decode (0.06 s); under a 0.1 s SLO the waiting prompt gets 40 tokens a step,
     and the streams keep decoding every step."""
     scheduler = Scheduler(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=512))
-    scheduler.step_budget = StepCosts(PROFILE, 512, itl_slo_s=0.1)
+    scheduler.step_budget = WorkerStepBudget(StepCosts(PROFILE, 512, itl_slo_s=0.1))
     streams = [_request(str(i), 8, i) for i in range(2)]
     for request in streams:
         scheduler.add(request)
@@ -74,3 +74,86 @@ def test_the_scheduler_caps_a_prompt_chunk_beside_decodes() -> None:
     scheduler.add(_request("long", 200, 2))
     output = scheduler.schedule()
     assert output.num_scheduled_tokens == {"0": 1, "1": 1, "long": 40}
+
+
+# --- --itl-slo-mode mean: each stream's mean gap, not each step ---
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _decoding(request_id: str, tokens: int) -> Request:
+    request = _request(request_id, 8, 0)
+    request.output_token_ids = [1] * tokens
+    return request
+
+
+def _mean_budget(clock: _Clock, slo_s: float = 0.1) -> WorkerStepBudget:
+    return WorkerStepBudget(StepCosts(PROFILE, 2048, slo_s, ItlMode.MEAN), clock)
+
+
+def test_a_streams_first_decode_gets_the_slo_as_in_step_mode() -> None:
+    """2 decodes: 0.06 s; 0.1 s leaves 40 prompt tokens either way."""
+    clock = _Clock()
+    streams = [_decoding("a", 1), _decoding("b", 1)]
+    mean = _mean_budget(clock).for_step(streams).grant(0, 1000)
+    step = WorkerStepBudget(StepCosts(PROFILE, 2048, 0.1)).for_step(streams).grant(0, 1000)
+    assert mean == step == 40
+
+
+def test_streams_ahead_of_the_slo_lend_their_slack_to_a_prompt() -> None:
+    """4 gaps in 0.24 s under a 0.1 s SLO: the fifth token may come 0.26 s after the fourth,
+    so the step may take 0.26 s (0.2 s of prompt beside the 0.06 s of decodes)."""
+    clock = _Clock()
+    budget = _mean_budget(clock)
+    streams = [_decoding("a", 1), _decoding("b", 1)]
+    budget.for_step(streams)
+    for _ in range(4):
+        clock.now += 0.06
+        for stream in streams:
+            stream.output_token_ids.append(1)
+    assert budget.for_step(streams).grant(0, 1000) in (199, 200)  # 0.26 s, rounded
+
+
+def test_the_stream_furthest_behind_sets_the_cap() -> None:
+    """ "a" is 0.04 s ahead after 2 gaps; "b" joined one gap ago and used 0.06 of its 0.1 s:
+    the step may take 0.04 + 0.1 (b's bound), so prompt tokens fill 0.08 s."""
+    clock = _Clock()
+    budget = _mean_budget(clock)
+    a = _decoding("a", 1)
+    budget.for_step([a])
+    clock.now += 0.08
+    a.output_token_ids.append(1)
+    b = _decoding("b", 1)
+    budget.for_step([a, b])
+    clock.now += 0.08
+    for stream in (a, b):
+        stream.output_token_ids.append(1)
+    # a: 0.1 * 3 - 0.16 = 0.14; b: 0.1 * 2 - 0.08 = 0.12; decodes 0.06 s
+    assert budget.for_step([a, b]).grant(0, 1000) == 60
+
+
+def test_a_stream_behind_the_slo_leaves_a_prompt_only_the_minimum_chunk() -> None:
+    clock = _Clock()
+    budget = _mean_budget(clock)
+    streams = [_decoding("a", 1)]
+    budget.for_step(streams)
+    clock.now += 0.5  # one gap five times the SLO
+    streams[0].output_token_ids.append(1)
+    assert budget.for_step(streams).grant(0, 1000) == MIN_CHUNK_TOKENS
+
+
+def test_a_stream_that_left_the_batch_starts_afresh() -> None:
+    clock = _Clock()
+    budget = _mean_budget(clock)
+    stream = _decoding("a", 1)
+    budget.for_step([stream])
+    clock.now += 0.5
+    budget.for_step([])  # preempted: out of the step
+    stream.output_token_ids.append(1)
+    assert budget.for_step([stream]).grant(0, 1000) == 45  # 0.1 s again, 0.055 s of decode
