@@ -1,8 +1,8 @@
 """Adaptive placement through real processes (1 prefill + 1 decode worker, both stepping under an
 ITL SLO on each stream's mean gap): a request on an idle pair stays on its decode worker; with a
 stream running there, the idle prefill worker is lent streams and runs requests end to end; once
-its streams are done it is taken back, and lent again. Greedy output equals transformers' every way, and every worker's
-blocks are free afterwards."""
+its streams are done it is taken back, and lent again. Greedy output equals transformers' every
+way, and every worker's blocks are free afterwards."""
 
 from __future__ import annotations
 
