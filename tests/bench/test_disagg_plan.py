@@ -223,8 +223,9 @@ def test_the_adaptive_arm_steps_within_the_itl_slo_unless_it_is_zero() -> None:
         return worker_and_router_flags(ARMS["adaptive"], _settings(itl_slo_s=itl_slo).arms)
 
     workers, router = flags(None)
-    assert workers[-2:] == router[-2:] == ("--itl-slo", "0.15")  # the TPOT SLO by default
-    assert flags(0.1)[0][-2:] == ("--itl-slo", "0.1")
+    assert router[-2:] == ("--itl-slo", "0.15")  # the TPOT SLO by default
+    assert workers[-4:] == ("--itl-slo", "0.15", "--itl-slo-mode", "step")
+    assert flags(0.1)[0][-4:-2] == ("--itl-slo", "0.1")
     workers, router = flags(0.0)
     assert "--itl-slo" not in workers + router
     assert "--profile" in workers and router[:2] == ("--placement", "adaptive")
