@@ -14,7 +14,7 @@ from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.tier_runtime import TierRuntime, add_tier_arguments, run_tier
 
 if TYPE_CHECKING:
-    from pdserve.planner.step_budget import StepCosts, WorkerStepBudget
+    from pdserve.planner.step_budget import StepCosts
 
 SERVICE_NAME = "pdserve.v1.Decode"  # also the readiness name
 DEFAULT_PORT = 50071
@@ -62,6 +62,7 @@ def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> Engin
     from pdserve.core.transfer.ucx_sender import KVSender
     from pdserve.decode_service.engine import DecodeEngine, DecodeLimits
     from pdserve.decode_service.metrics import register_engine_gauges
+    from pdserve.planner.step_budget import WorkerStepBudget
 
     limits = DecodeLimits(
         max_pending_reservations=args.max_pending_reservations,

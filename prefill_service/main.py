@@ -14,7 +14,7 @@ from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.tier_runtime import TierRuntime, add_tier_arguments, run_tier
 
 if TYPE_CHECKING:
-    from pdserve.planner.step_budget import StepCosts, WorkerStepBudget
+    from pdserve.planner.step_budget import StepCosts
 
 SERVICE_NAME = "pdserve.v1.Prefill"  # also the readiness name
 DEFAULT_PORT = 50061
@@ -49,6 +49,7 @@ def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
 
 def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> EngineLoop:
     from pdserve.core.transfer.ucx_sender import KVSender
+    from pdserve.planner.step_budget import WorkerStepBudget
     from pdserve.prefill_service.engine import PrefillEngine
     from pdserve.prefill_service.metrics import register_engine_gauges
 
