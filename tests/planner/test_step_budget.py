@@ -138,14 +138,16 @@ def test_the_stream_furthest_behind_sets_the_cap() -> None:
     assert budget.for_step([a, b]).grant(0, 1000) == 60
 
 
-def test_a_stream_behind_the_slo_leaves_a_prompt_only_the_minimum_chunk() -> None:
+def test_a_stream_behind_the_slo_still_gets_the_step_cap() -> None:
+    """One gap five times the SLO: the stream cannot catch up by starving prompts, so the cap
+    stays the SLO (0.1 s, 0.055 s of it the decode)."""
     clock = _Clock()
     budget = _mean_budget(clock)
     streams = [_decoding("a", 1)]
     budget.for_step(streams)
-    clock.now += 0.5  # one gap five times the SLO
+    clock.now += 0.5
     streams[0].output_token_ids.append(1)
-    assert budget.for_step(streams).grant(0, 1000) == MIN_CHUNK_TOKENS
+    assert budget.for_step(streams).grant(0, 1000) == 45
 
 
 def test_a_stream_that_left_the_batch_starts_afresh() -> None:
