@@ -36,11 +36,14 @@ import enum
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.request import Request
 from pdserve.core.step_shape import StepShape
 from pdserve.planner.profile import Profile, load_profile
+
+if TYPE_CHECKING:  # the router imports this module and runs without torch, which Request needs
+    from pdserve.core.request import Request
 
 # Prompt tokens a step may always take (one KV block at the default block size): progress for
 # prompts on a worker whose decodes alone already use the SLO.
