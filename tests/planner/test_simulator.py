@@ -199,16 +199,7 @@ def test_an_itl_slo_caps_the_simulated_steps_too() -> None:
     from pdserve.planner.step_budget import MIN_CHUNK_TOKENS
 
     deployment = Deployment(0, 1, itl_slo_s=STEP / 2)
-    sim = ClusterSim(deployment, fixed_step_profile(STEP))
-    for worker in sim.decode:
-        worker.record_outputs = True
-    sim.run([TraceRequest(0.0, 4, 10), TraceRequest(STEP / 2, 100, 1)])
-    chunks = [
-        output.num_scheduled_tokens.get("1", 0)
-        for output in sim.decode[0].outputs
-        if "0" in output.num_scheduled_tokens
-    ]
-    assert max(chunks) == MIN_CHUNK_TOKENS
+    assert max(_prompt_chunks_beside_a_stream(deployment)) == MIN_CHUNK_TOKENS
 
 
 def test_the_mean_itl_mode_runs_on_the_simulated_clock() -> None:
@@ -218,13 +209,18 @@ def test_the_mean_itl_mode_runs_on_the_simulated_clock() -> None:
     from pdserve.planner.step_budget import MIN_CHUNK_TOKENS, ItlMode
 
     deployment = Deployment(0, 1, itl_slo_s=STEP / 2, itl_slo_mode=ItlMode.MEAN)
+    assert max(_prompt_chunks_beside_a_stream(deployment)) == MIN_CHUNK_TOKENS
+
+
+def _prompt_chunks_beside_a_stream(deployment: Deployment) -> list[int]:
+    """A 100-token prompt arriving while a stream decodes (every step costs STEP): its
+    chunks in the steps that also decode the stream."""
     sim = ClusterSim(deployment, fixed_step_profile(STEP))
     for worker in sim.decode:
         worker.record_outputs = True
     sim.run([TraceRequest(0.0, 4, 10), TraceRequest(STEP / 2, 100, 1)])
-    chunks = [
+    return [
         output.num_scheduled_tokens.get("1", 0)
         for output in sim.decode[0].outputs
         if "0" in output.num_scheduled_tokens
     ]
-    assert max(chunks) == MIN_CHUNK_TOKENS
