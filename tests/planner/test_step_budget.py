@@ -54,8 +54,8 @@ def test_an_slo_must_be_positive() -> None:
         StepCosts(PROFILE, 2048, itl_slo_s=0.0)
 
 
-def _request(request_id: str, prompt_tokens: int, order: int) -> Request:
-    params = SamplingParams(max_tokens=100, ignore_eos=True)
+def _request(request_id: str, prompt_tokens: int, order: int, max_tokens: int = 100) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return Request(request_id, list(range(prompt_tokens)), params, order, 0.0)
 
 
@@ -87,8 +87,10 @@ class _Clock:
         return self.now
 
 
-def _decoding(request_id: str, tokens: int) -> Request:
-    request = _request(request_id, 8, 0)
+def _decoding(request_id: str, tokens: int, max_tokens: int) -> Request:
+    """A stream with `tokens` outputs of `max_tokens` (the tests below that check banked slack
+    only end the stream at the step they check: no later tokens to lend)."""
+    request = _request(request_id, 8, 0, max_tokens)
     request.output_token_ids = [1] * tokens
     return request
 
@@ -100,10 +102,19 @@ def _mean_budget(clock: _Clock, slo_s: float = 0.1) -> WorkerStepBudget:
 def test_a_streams_first_decode_gets_the_slo_as_in_step_mode() -> None:
     """2 decodes: 0.06 s; 0.1 s leaves 40 prompt tokens either way."""
     clock = _Clock()
-    streams = [_decoding("a", 1), _decoding("b", 1)]
+    streams = [_decoding("a", 1, 2), _decoding("b", 1, 2)]
     mean = _mean_budget(clock).for_step(streams).grant(0, 1000)
     step = WorkerStepBudget(StepCosts(PROFILE, 2048, 0.1)).for_step(streams).grant(0, 1000)
     assert mean == step == 40
+
+
+def test_a_stream_lends_the_slack_of_its_remaining_tokens() -> None:
+    """Two streams at their first decode with 9 tokens after this one: each will come 0.04 s
+    inside the 0.1 s SLO at the decodes' 0.06 s, so this step may take 0.1 + 9 * 0.04 = 0.46 s
+    (0.4 s of prompt); the stream with fewer tokens left sets the cap."""
+    clock = _Clock()
+    streams = [_decoding("a", 1, 11), _decoding("b", 1, 20)]
+    assert _mean_budget(clock).for_step(streams).grant(0, 1000) in (399, 400)  # 0.46 s, rounded
 
 
 def test_streams_ahead_of_the_slo_lend_their_slack_to_a_prompt() -> None:
@@ -111,7 +122,7 @@ def test_streams_ahead_of_the_slo_lend_their_slack_to_a_prompt() -> None:
     so the step may take 0.26 s (0.2 s of prompt beside the 0.06 s of decodes)."""
     clock = _Clock()
     budget = _mean_budget(clock)
-    streams = [_decoding("a", 1), _decoding("b", 1)]
+    streams = [_decoding("a", 1, 6), _decoding("b", 1, 6)]
     budget.for_step(streams)
     for _ in range(4):
         clock.now += 0.06
@@ -125,11 +136,11 @@ def test_the_stream_furthest_behind_sets_the_cap() -> None:
     the step may take 0.04 + 0.1 (b's bound), so prompt tokens fill 0.08 s."""
     clock = _Clock()
     budget = _mean_budget(clock)
-    a = _decoding("a", 1)
+    a = _decoding("a", 1, 4)
     budget.for_step([a])
     clock.now += 0.08
     a.output_token_ids.append(1)
-    b = _decoding("b", 1)
+    b = _decoding("b", 1, 3)
     budget.for_step([a, b])
     clock.now += 0.08
     for stream in (a, b):
@@ -143,7 +154,7 @@ def test_a_stream_behind_the_slo_still_gets_the_step_cap() -> None:
     stays the SLO (0.1 s, 0.055 s of it the decode)."""
     clock = _Clock()
     budget = _mean_budget(clock)
-    streams = [_decoding("a", 1)]
+    streams = [_decoding("a", 1, 3)]
     budget.for_step(streams)
     clock.now += 0.5
     streams[0].output_token_ids.append(1)
@@ -153,7 +164,7 @@ def test_a_stream_behind_the_slo_still_gets_the_step_cap() -> None:
 def test_a_stream_that_left_the_batch_starts_afresh() -> None:
     clock = _Clock()
     budget = _mean_budget(clock)
-    stream = _decoding("a", 1)
+    stream = _decoding("a", 1, 3)
     budget.for_step([stream])
     clock.now += 0.5
     budget.for_step([])  # preempted: out of the step
