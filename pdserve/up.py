@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--itl-slo-mode",
         str,
         "step",
-        "what every worker's --itl-slo bounds: step or mean (docs/router.md)",
+        "what every worker's --itl-slo bounds: step (every step) or mean (each stream's mean "
+        "gap; docs/router.md)",
         choices=["step", "mean"],
     )
     add_flag(

@@ -67,7 +67,7 @@ class BenchSettings:
     chunk_tokens: int
     profile: Path = DEFAULT_PROFILE
     itl_slo_s: float | None = None  # None: the TPOT SLO; 0: no step budget
-    itl_slo_mode: str = "step"
+    itl_slo_mode: str = "mean"  # a TPOT SLO judges each stream's mean gap
 
     @property
     def arms(self) -> ArmSettings:
@@ -112,8 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--itl-slo-mode",
         choices=["step", "mean"],
-        default="step",
-        help="what the adaptive arm's ITL SLO bounds (workers' --itl-slo-mode)",
+        default="mean",
+        help="what the adaptive arm's ITL SLO bounds (workers' --itl-slo-mode; default mean: "
+        "the TPOT SLO judges each stream's mean gap)",
     )
     parser.add_argument(
         "--slo-tpot", type=float, default=0.15, help="TPOT SLO, seconds (TTFT SLOs: the SPEC)"

@@ -161,7 +161,8 @@ def add_tier_arguments(parser: argparse.ArgumentParser, port: int, metrics_port:
         str,
         "step",
         "what --itl-slo bounds: step (every step's predicted time) or mean (each running "
-        "stream's mean gap since its first decode here: a stream ahead lends its slack)",
+        "stream's mean gap over its output here: a step may spend the slack it banked and the "
+        "slack its remaining tokens will leave)",
         choices=["step", "mean"],
     )
     add_flag(group, "--profile", Path, None, "`pdserve profile`'s cost model (for --itl-slo)")

@@ -224,7 +224,7 @@ def test_the_adaptive_arm_steps_within_the_itl_slo_unless_it_is_zero() -> None:
 
     workers, router = flags(None)
     assert router[-2:] == ("--itl-slo", "0.15")  # the TPOT SLO by default
-    assert workers[-4:] == ("--itl-slo", "0.15", "--itl-slo-mode", "step")
+    assert workers[-4:] == ("--itl-slo", "0.15", "--itl-slo-mode", "mean")
     assert flags(0.1)[0][-4:-2] == ("--itl-slo", "0.1")
     workers, router = flags(0.0)
     assert "--itl-slo" not in workers + router
