@@ -58,9 +58,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pdserve.bench.micro.precision",
         "opt-in weight precisions: quality and batch-1 speed",
     ),
-    "packed-gemm": (
-        "pdserve.bench.micro.packed_gemm",
-        "packed small-batch GEMM on vs off (A/B, fresh processes)",
+    "gemm-backend": (
+        "pdserve.bench.micro.gemm_backend",
+        "CPU matmuls on oneDNN vs F.linear (A/B, fresh processes)",
     ),
 }
 

@@ -1,2 +1,2 @@
 """Micro-benchmarks of one mechanism each: attention, KV transfer, prefix cache, int8 KV,
-precisions, packed GEMM."""
+precisions, the CPU matmul backend."""

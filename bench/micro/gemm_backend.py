@@ -1,7 +1,8 @@
-"""A/B of the packed small-batch GEMM (core/model/gemm.py): the first 32 requests of `mixed` at
-B=16, packing on and off alternately, each run in a fresh process so both see the same machine.
+"""A/B of the CPU matmul backend (core/model/gemm.py): oneDNN against `F.linear` (MKL), the first
+32 requests of `mixed` at B=16, arms alternating, each run in a fresh process so both see the
+same machine; also the greedy tokens of both arms, which must agree.
 
-    pdserve bench packed-gemm [--rounds 2]
+    pdserve bench gemm-backend [--rounds 2]
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOAD = Path(__file__).parent / "workloads" / "mixed.json"
+WORKLOAD = Path(__file__).parents[1] / "offline" / "workloads" / "mixed.json"
+ARMS = ("onednn", "mkl")
 
 
-def run_once(packed: bool) -> float:
-    """Output tokens/s of one continuous-batching pass (called in a child process)."""
+def run_once(arm: str) -> dict[str, object]:
+    """Output tokens/s of one continuous-batching pass and its tokens (in a child process)."""
     from pdserve.core.model import gemm
 
-    if not packed:
-        gemm._pack = lambda weight: None  # what a machine without MKL gets
+    gemm.ONEDNN_ON_CPU = arm == "onednn"  # "mkl": what a torch build without oneDNN gets
     from pdserve.core.llm import LLM
     from pdserve.core.model.source import resolve_model
     from pdserve.core.sampling_params import SamplingParams
@@ -34,22 +35,27 @@ def run_once(packed: bool) -> float:
     ]
     start = time.perf_counter()
     outputs = llm.generate([r["prompt"] for r in requests], params)
-    tokens = sum(len(sample.token_ids) for out in outputs for sample in out.outputs)
-    return tokens / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    tokens = [list(sample.token_ids) for out in outputs for sample in out.outputs]
+    return {"tokens_per_s": sum(map(len, tokens)) / seconds, "tokens": tokens}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--child", choices=["packed", "plain"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.child:
-        print(run_once(args.child == "packed"))
+        print(json.dumps(run_once(args.child)))
         return 0
+    outputs: list[list[list[int]]] = []
     for _ in range(args.rounds):
-        for mode in ("packed", "plain"):
-            command = [sys.executable, "-m", "pdserve", "bench", "packed-gemm", "--child", mode]
+        for arm in ARMS:
+            command = [sys.executable, "-m", "pdserve", "bench", "gemm-backend", "--child", arm]
             result = subprocess.run(command, capture_output=True, text=True, check=True)
-            print(f"{mode:7s} {float(result.stdout.strip().splitlines()[-1]):6.1f} tok/s")
+            row = json.loads(result.stdout.strip().splitlines()[-1])
+            outputs.append(row["tokens"])
+            print(f"{arm:7s} {row['tokens_per_s']:6.1f} tok/s", flush=True)
+    print(f"greedy tokens identical across runs: {all(o == outputs[0] for o in outputs)}")
     return 0

@@ -1,12 +1,18 @@
-"""The model's matmuls, tuned for the small batches of CPU decode steps.
+"""The model's matmuls: oneDNN for float32 on the CPU, `F.linear` elsewhere.
 
-MKL takes a slow path for 3..15 rows (the default model's gate/up projection: 677 us at 15 rows,
-376 us at 16; its lm_head 19.7 ms vs 8.4 ms), so such inputs are padded to 16 rows and the extra
-rows dropped. For float32 CPU weights, MKL's packed GEMM with each weight reordered once for
-exactly 16 rows is faster again (gate/up 280 us, lm_head 6.3 ms; an engine step of 13 sequences
-151 -> 110 ms measured side by side) and gives the same bits as `F.linear`. The price is one packed
-copy of every weight (+0.5 GB resident for SmolLM2-135M). Other devices and dtypes use `F.linear`.
-Int8 weight-only layers (`quantization="int8"`, see precision.py) run `_weight_int8pack_mm`.
+On the CPU `F.linear` runs MKL, whose float32 GEMV and small-row GEMMs are slow on the host class
+this project now runs on (an AMD EPYC with AVX-512): the 49,152 x 576 lm_head at one row took
+10.4-11.8 ms (about 10 GB/s of weights, no faster on two threads than on one), oneDNN's linear
+5.4 ms. Over the default model's 211 weight shapes oneDNN was 1.49x faster at 1 row, 2.43x at 2,
+1.54x at 16, 1.27x at 64 and 1.39x at 512, and the engine on `mixed` (32 requests, B=16, fresh
+processes, arms alternating, greedy tokens identical) ran 88.1 / 96.8 against 67.0 / 60.6
+tokens/s (docs/benchmarks.md). oneDNN's sums are not bit-identical to MKL's; the greedy tests
+against transformers are what hold the model to its outputs.
+
+It replaces an MKL-only path (inputs of 3-15 rows padded to 16, and MKL's packed GEMM with every
+weight reordered for 16 rows: +0.5 GB resident) that paid 10-13 % on the earlier host class and
+lost to oneDNN at every row count here. Other devices and dtypes use `F.linear`. Int8 weight-only
+layers (`quantization="int8"`, see precision.py) run `_weight_int8pack_mm`.
 """
 
 from __future__ import annotations
@@ -18,14 +24,14 @@ import torch.nn.functional as F
 
 from pdserve.core.model.precision import quantize_int8
 
-PACKED_ROWS = 16
+# torch builds without oneDNN (mkldnn) fall back to F.linear
+ONEDNN_ON_CPU: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True)
 class LinearWeight:
     weight: torch.Tensor  # [out_features, in_features]; int8 when `scales` is set
     bias: torch.Tensor | None
-    packed: torch.Tensor | None  # the weight reordered by MKL for PACKED_ROWS-row inputs
     scales: torch.Tensor | None = None  # [out_features] int8 dequantization scales
 
 
@@ -34,34 +40,27 @@ def prepare(
 ) -> LinearWeight:
     if quantization == "int8":
         quantized, scales = quantize_int8(weight)
-        return LinearWeight(quantized, bias, None, scales)
-    return LinearWeight(weight, bias, _pack(weight))
+        return LinearWeight(quantized, bias, scales)
+    return LinearWeight(weight, bias)
 
 
 def linear(x: torch.Tensor, layer: LinearWeight) -> torch.Tensor:
-    """`F.linear(x, layer.weight, layer.bias)`, faster for 3..16 rows on the CPU."""
+    """`F.linear(x, layer.weight, layer.bias)`, on oneDNN for float32 on the CPU."""
     if layer.scales is not None:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x, layer.weight, layer.scales)
         return out if layer.bias is None else out + layer.bias
-    rows = x.shape[0]
-    if x.device.type != "cpu" or not 2 < rows <= PACKED_ROWS:
-        return F.linear(x, layer.weight, layer.bias)
-    if rows < PACKED_ROWS:
-        padded = x.new_zeros((PACKED_ROWS, x.shape[1]))
-        padded[:rows] = x
-        x = padded
-    if layer.packed is None:
-        return F.linear(x, layer.weight, layer.bias)[:rows]
-    packed: torch.Tensor = torch.ops.mkl._mkl_linear(
-        x.contiguous(), layer.packed, layer.weight, layer.bias, PACKED_ROWS
+    if _runs_on_onednn(x, layer.weight):
+        fused: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, layer.weight, layer.bias, "none", [], ""
+        )
+        return fused
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _runs_on_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        ONEDNN_ON_CPU
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
     )
-    return packed[:rows]
-
-
-def _pack(weight: torch.Tensor) -> torch.Tensor | None:
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return None
-    if not torch.backends.mkl.is_available():  # type: ignore[no-untyped-call]
-        return None
-    packed: torch.Tensor = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACKED_ROWS)
-    return packed
