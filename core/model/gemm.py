@@ -50,10 +50,10 @@ def linear(x: torch.Tensor, layer: LinearWeight) -> torch.Tensor:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x, layer.weight, layer.scales)
         return out if layer.bias is None else out + layer.bias
     if _runs_on_onednn(x, layer.weight):
-        fused: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+        result: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             x, layer.weight, layer.bias, "none", [], ""
         )
-        return fused
+        return result
     return F.linear(x, layer.weight, layer.bias)
 
 

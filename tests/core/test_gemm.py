@@ -1,0 +1,36 @@
+"""core/model/gemm.py: the oneDNN path computes what `F.linear` computes, at every row count a
+step can have and for the input layouts the model passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pdserve.core.model import gemm
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 16, 17, 64, 512])
+def test_float32_linear_matches_f_linear(rows: int) -> None:
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(96, 48), torch.randn(96)
+    x = torch.randn(rows, 48)
+    out = gemm.linear(x, gemm.prepare(weight, bias))
+    assert out.shape == (rows, 96)
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_non_contiguous_and_batched_inputs() -> None:
+    weight = torch.randn(32, 16)
+    layer = gemm.prepare(weight)
+    strided = torch.randn(10, 16)[::2]
+    transposed = torch.randn(16, 5).t()
+    batched = torch.randn(2, 3, 16)
+    for x in (strided, transposed, batched):
+        torch.testing.assert_close(gemm.linear(x, layer), F.linear(x, weight))
+
+
+def test_the_cpu_float32_path_is_onednn_when_torch_has_it() -> None:
+    x, weight = torch.randn(2, 8), torch.randn(4, 8)
+    assert gemm._runs_on_onednn(x, weight) is gemm.ONEDNN_ON_CPU
+    assert not gemm._runs_on_onednn(x.bfloat16(), weight.bfloat16())
