@@ -23,6 +23,7 @@ COPY decode_service/ decode_service/
 COPY loadtest/ loadtest/
 COPY bench/ bench/
 COPY planner/ planner/
+COPY costmodel/ costmodel/
 COPY protos/ protos/
 
 # --- build: a virtualenv with pdserve and its pinned dependencies --------------------------------

@@ -19,7 +19,7 @@ class PrefillLimit(Protocol):
 
 
 class StepBudget(Protocol):
-    """Caps each step's prompt tokens (an ITL SLO, planner/step_budget.py); the scheduler asks
+    """Caps each step's prompt tokens (an ITL SLO, costmodel/step_budget.py); the scheduler asks
     it once per step, with the requests the step decodes."""
 
     def for_step(self, decodes: Sequence[Request]) -> PrefillLimit: ...

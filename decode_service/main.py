@@ -14,7 +14,7 @@ from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.tier_runtime import TierRuntime, add_tier_arguments, run_tier
 
 if TYPE_CHECKING:
-    from pdserve.planner.step_budget import StepCosts
+    from pdserve.costmodel.step_budget import StepCosts
 
 SERVICE_NAME = "pdserve.v1.Decode"  # also the readiness name
 DEFAULT_PORT = 50071
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdserve.planner.step_budget import worker_step_costs
+    from pdserve.costmodel.step_budget import worker_step_costs
 
     try:  # a bad --itl-slo or --profile stops the worker before it serves
         step_costs = worker_step_costs(args, engine_config_from_args(args))
@@ -60,9 +60,9 @@ def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
 def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> EngineLoop:
     from pdserve.core.transfer.ucx import KVReceiver
     from pdserve.core.transfer.ucx_sender import KVSender
+    from pdserve.costmodel.step_budget import WorkerStepBudget
     from pdserve.decode_service.engine import DecodeEngine, DecodeLimits
     from pdserve.decode_service.metrics import register_engine_gauges
-    from pdserve.planner.step_budget import WorkerStepBudget
 
     limits = DecodeLimits(
         max_pending_reservations=args.max_pending_reservations,

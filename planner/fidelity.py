@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.core.config import EngineConfig
+from pdserve.costmodel.profile import Profile
 from pdserve.loadtest.stats import percentile
-from pdserve.planner.profile import Profile
 from pdserve.planner.real_runs import Seen
 from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.workload import TraceRequest

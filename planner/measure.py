@@ -23,16 +23,16 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
-from pdserve.core.step_shape import StepShape
 from pdserve.core.transfer.interface import TOKEN_NBYTES
 from pdserve.core.transfer.staging import Staging, block_index
-from pdserve.planner.profile import (
+from pdserve.costmodel.profile import (
     BlockCosts,
     Profile,
     StepSample,
     contention_of,
     fit,
 )
+from pdserve.costmodel.step_shape import StepShape
 
 # Loopback wire bandwidth for KV transfers, bytes/s: docs/transfer.md measured 46 MB in 17-95 ms
 # on the wire (0.5-2.7 GB/s) on this 2-core box; 1 GB/s sits inside that range. Timing the wire

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from pdserve.core.config import EngineConfig
-from pdserve.planner.profile import Profile
+from pdserve.costmodel.profile import Profile
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.sim_worker import Role

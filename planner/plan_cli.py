@@ -20,6 +20,7 @@ import yaml
 
 from pdserve.core.model.source import resolve_model
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
+from pdserve.costmodel.profile import ProfileError, load_profile
 from pdserve.planner.helm_values import helm_values
 from pdserve.planner.plan import (
     TABLE_HEADER,
@@ -29,7 +30,6 @@ from pdserve.planner.plan import (
     format_row,
     search,
 )
-from pdserve.planner.profile import ProfileError, load_profile
 from pdserve.planner.verify import verify
 from pdserve.planner.workload import (
     PoissonSpec,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.model.source import resolve_model
+from pdserve.costmodel.profile import FEATURES, Profile, fit_r2, load_profile
 from pdserve.planner.measure import measure, pin_to
-from pdserve.planner.profile import FEATURES, Profile, fit_r2, load_profile
 from pdserve.planner.serving_calibration import calibrate
 
 ALL_CPUS = frozenset(os.sched_getaffinity(0))  # before the offline profile pins this process

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from pdserve.core.config import EngineConfig
+from pdserve.costmodel.profile import Profile, ServingCosts
 from pdserve.planner.fidelity import a_priori_deployment, simulate_seen
-from pdserve.planner.profile import Profile, ServingCosts
 from pdserve.planner.real_runs import Arrivals, Seen, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import TraceRequest
 from pdserve.router.placement import PlacementConfig

@@ -13,7 +13,7 @@ router's own rule (`router/placement.py` `place_prefill`) with the router's own 
 `place_adaptive`, the same function) picks the workers too, from the workers' exact loads: local
 on a decode worker, local on a prefill worker it lends streams (taken back once they are done, as
 router/roles.py does), or remote from a given prefill worker to a given decode worker. With
-`itl_slo_s` every worker's scheduler caps its steps' prompt tokens (planner/step_budget.py), as
+`itl_slo_s` every worker's scheduler caps its steps' prompt tokens (costmodel/step_budget.py), as
 workers started with `--itl-slo` do.
 
 Each request's prompt is its own but for the prefix its trace line shares (`sim_worker`), so the
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
 from pdserve.core.scheduler import Scheduler
-from pdserve.planner.profile import Profile
+from pdserve.costmodel.profile import Profile
+from pdserve.costmodel.step_budget import ItlMode, StepCosts, WorkerStepBudget
 from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
-from pdserve.planner.step_budget import ItlMode, StepCosts, WorkerStepBudget
 from pdserve.planner.workload import TraceRequest
 from pdserve.router.adaptive_placement import WorkerRole, WorkerState, place_adaptive
 from pdserve.router.placement import (

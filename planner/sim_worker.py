@@ -31,8 +31,8 @@ from pdserve.core.request import Request, RequestStatus
 from pdserve.core.reservation_queue import ReservationQueue
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler, SchedulerOutput
-from pdserve.core.step_shape import StepShape
-from pdserve.planner.profile import Profile
+from pdserve.costmodel.profile import Profile
+from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner.workload import TraceRequest
 
 Schedule = Callable[[float, Callable[[float], None]], None]  # (at, action(now))

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
-from pdserve.planner.profile import Profile, ProfileError, load_profile
+from pdserve.costmodel.profile import Profile, ProfileError, load_profile
 from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.sim_report import format_summary, plot, summarize
 from pdserve.planner.workload import Workload, WorkloadSpecError, load_spec, requests_of

@@ -29,6 +29,7 @@ from typing import Any
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.model.source import resolve_model
+from pdserve.costmodel.profile import Profile
 from pdserve.loadtest.stats import mean_interval
 from pdserve.planner.fidelity import (
     LATENCY_METRICS,
@@ -38,7 +39,6 @@ from pdserve.planner.fidelity import (
     figures,
     simulate_seen,
 )
-from pdserve.planner.profile import Profile
 from pdserve.planner.real_runs import Arrivals, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import PoissonSpec, TraceRequest, Workload, requests_of
 from pdserve.router.placement import PlacementConfig

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdserve.costmodel.profile import Profile
 from pdserve.loadtest.schedule import LoadSchedule
 from pdserve.loadtest.stats import percentile
 from pdserve.planner.fidelity import RequestSlo, figures, simulate_seen
 from pdserve.planner.plan import Candidate, Slo
-from pdserve.planner.profile import Profile
 from pdserve.planner.real_runs import (
     Arrivals,
     Seen,

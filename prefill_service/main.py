@@ -14,7 +14,7 @@ from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.tier_runtime import TierRuntime, add_tier_arguments, run_tier
 
 if TYPE_CHECKING:
-    from pdserve.planner.step_budget import StepCosts
+    from pdserve.costmodel.step_budget import StepCosts
 
 SERVICE_NAME = "pdserve.v1.Prefill"  # also the readiness name
 DEFAULT_PORT = 50061
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdserve.planner.step_budget import worker_step_costs
+    from pdserve.costmodel.step_budget import worker_step_costs
 
     try:  # a bad --itl-slo or --profile stops the worker before it serves
         step_costs = worker_step_costs(args, engine_config_from_args(args))
@@ -49,7 +49,7 @@ def _add_servicer(runtime: TierRuntime, server: grpc.aio.Server) -> None:
 
 def _build_loop(args: argparse.Namespace, step_costs: StepCosts | None) -> EngineLoop:
     from pdserve.core.transfer.ucx_sender import KVSender
-    from pdserve.planner.step_budget import WorkerStepBudget
+    from pdserve.costmodel.step_budget import WorkerStepBudget
     from pdserve.prefill_service.engine import PrefillEngine
     from pdserve.prefill_service.metrics import register_engine_gauges
 

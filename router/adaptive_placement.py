@@ -10,7 +10,7 @@ For a prompt of n tokens the options are
 
 and each is priced in seconds from the worker's live load (Load: streams running, their context,
 prompt tokens queued) with the same step arithmetic the workers' SLO budgets use
-(planner/step_budget.py: chunks of at most max_num_batched_tokens, capped under --itl-slo):
+(costmodel/step_budget.py: chunks of at most max_num_batched_tokens, capped under --itl-slo):
 
     ttft   the queued prompts ahead of it, then its own chunks, on the prefilling worker; remote
            adds the KV's delivery (profile: wire + scatter per block) and D's current step
@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.core.block_pool import blocks_for
-from pdserve.core.step_shape import StepShape
-from pdserve.planner.step_budget import StepCosts
+from pdserve.costmodel.step_budget import StepCosts
+from pdserve.costmodel.step_shape import StepShape
 from pdserve.router.placement import Placement, PlacementReason, PrefillPlace
 
 

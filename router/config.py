@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.core.serving.tls import ChannelTls
-from pdserve.planner.step_budget import StepCosts
+from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router.placement import PlacementConfig, PlacementMode
 from pdserve.router.policy import RoutingPolicy
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from pdserve.core.config import EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments, add_server_arguments
 from pdserve.core.serving.tls import ChannelTls
-from pdserve.planner.profile import load_profile
-from pdserve.planner.step_budget import StepCosts
+from pdserve.costmodel.profile import load_profile
+from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router.config import RelayMode, RequestCaps, RouterConfig
 from pdserve.router.placement import PlacementMode
 from pdserve.router.policy import RoutingPolicy

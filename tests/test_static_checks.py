@@ -9,19 +9,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# pdserve.X -> folder, as pyproject's package-dir maps them (the root package `pdserve` aside).
 PACKAGE_DIRS = {
-    "core": "core",
-    "kernels": "kernels",
-    "prefill_service": "prefill_service",
-    "decode_service": "decode_service",
-    "router": "router",
-    "loadtest": "loadtest",
-    "bench": "bench",
-    "planner": "planner",
-    "v1": "protos/pdserve/v1",
+    name.removeprefix("pdserve."): folder
+    for name, folder in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ].items()
+    if name != "pdserve"
 }
 
 
@@ -45,8 +43,9 @@ def build_package_tree(root: Path) -> Path:
     """`root/pdserve/...` mirroring pyproject's package-dir mapping, as symlinks."""
     package = root / "pdserve"
     package.mkdir(parents=True)
-    for module in (REPO / "pdserve").glob("*.py"):
-        (package / module.name).symlink_to(module)
+    for entry in (REPO / "pdserve").iterdir():
+        if entry.suffix == ".py" or (entry / "__init__.py").exists():
+            (package / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
     for name, source in PACKAGE_DIRS.items():
         (package / name).symlink_to(REPO / source, target_is_directory=True)
     return root

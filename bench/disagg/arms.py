@@ -50,7 +50,7 @@ class ArmSettings:
     chunk_tokens: int
     profile: Path
     itl_slo_s: float | None
-    itl_slo_mode: str = "mean"  # what the ITL SLO bounds (planner/step_budget.py ItlMode)
+    itl_slo_mode: str = "mean"  # what the ITL SLO bounds (costmodel/step_budget.py ItlMode)
 
 
 def worker_and_router_flags(

@@ -146,7 +146,7 @@ def add_tier_arguments(parser: argparse.ArgumentParser, port: int, metrics_port:
     add_engine_arguments(parser)
     add_server_arguments(parser, port, metrics_port)
     add_ucx_arguments(parser)
-    group = parser.add_argument_group("SLO-aware steps (planner/step_budget.py)")
+    group = parser.add_argument_group("SLO-aware steps (costmodel/step_budget.py)")
     add_flag(
         group,
         "--itl-slo",

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pdserve.cli import build_parser, main
-from pdserve.planner.profile import BlockCosts, CostModel, Profile
+from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.router.main import router_config_from_args
 from pdserve.router.placement import PlacementConfig
 

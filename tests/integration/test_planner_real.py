@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pdserve.planner.profile import load_profile
+from pdserve.costmodel.profile import load_profile
 
 pytestmark = pytest.mark.integration
 

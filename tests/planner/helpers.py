@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.planner.profile import BlockCosts, CostModel, Profile
+from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 
 INSTANT_WIRE = 1e30  # bytes/s: a transfer that takes no time
 

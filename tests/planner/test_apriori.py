@@ -11,9 +11,9 @@ import pytest
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
+from pdserve.costmodel.profile import ServingCosts, load_profile
 from pdserve.planner.fidelity import RequestSlo, a_priori_deployment, figures, simulate_seen
 from pdserve.planner.plan import Slo
-from pdserve.planner.profile import ServingCosts, load_profile
 from pdserve.planner.real_runs import Seen, engine_flags
 from pdserve.planner.serving_calibration import BURSTS, burst, fit_serving
 from pdserve.planner.validate_cli import validation_trace

@@ -196,7 +196,7 @@ def test_adaptive_placement_lends_an_idle_prefill_worker_streams() -> None:
 def test_an_itl_slo_caps_the_simulated_steps_too() -> None:
     """The simulated workers step under the same budget as real ones: with every step costing
     more than the SLO, a prompt beside a decode gets MIN_CHUNK_TOKENS a step."""
-    from pdserve.planner.step_budget import MIN_CHUNK_TOKENS
+    from pdserve.costmodel.step_budget import MIN_CHUNK_TOKENS
 
     deployment = Deployment(0, 1, itl_slo_s=STEP / 2)
     assert max(_prompt_chunks_beside_a_stream(deployment)) == MIN_CHUNK_TOKENS
@@ -206,7 +206,7 @@ def test_the_mean_itl_mode_runs_on_the_simulated_clock() -> None:
     """Under --itl-slo-mode mean the simulated workers price a stream's gaps by simulated time:
     every step takes twice the SLO, so the stream is ever further behind and a prompt beside
     it still gets MIN_CHUNK_TOKENS a step (on a wall clock the gaps would look free)."""
-    from pdserve.planner.step_budget import MIN_CHUNK_TOKENS, ItlMode
+    from pdserve.costmodel.step_budget import MIN_CHUNK_TOKENS, ItlMode
 
     deployment = Deployment(0, 1, itl_slo_s=STEP / 2, itl_slo_mode=ItlMode.MEAN)
     assert max(_prompt_chunks_beside_a_stream(deployment)) == MIN_CHUNK_TOKENS

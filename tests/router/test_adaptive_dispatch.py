@@ -10,8 +10,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from pdserve.client import build_request
-from pdserve.planner.profile import BlockCosts, CostModel, Profile
-from pdserve.planner.step_budget import StepCosts
+from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
+from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router.placement import PlacementMode
 from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
 from pdserve.v1 import common_pb2

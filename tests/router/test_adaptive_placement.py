@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.planner.profile import BlockCosts, CostModel, Profile
-from pdserve.planner.step_budget import StepCosts
+from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
+from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router.adaptive_placement import WorkerRole, WorkerState, place_adaptive
 from pdserve.router.placement import PlacementReason, PrefillPlace
 

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.step_shape import StepShape
-from pdserve.planner.profile import Profile, load_profile
+from pdserve.costmodel.profile import Profile, load_profile
+from pdserve.costmodel.step_shape import StepShape
 
 if TYPE_CHECKING:  # the router imports this module and runs without torch, which Request needs
     from pdserve.core.request import Request

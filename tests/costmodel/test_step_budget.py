@@ -8,9 +8,9 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.scheduler import Scheduler
-from pdserve.core.step_shape import StepShape
-from pdserve.planner.profile import BlockCosts, CostModel, Profile
-from pdserve.planner.step_budget import MIN_CHUNK_TOKENS, ItlMode, StepCosts, WorkerStepBudget
+from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
+from pdserve.costmodel.step_budget import MIN_CHUNK_TOKENS, ItlMode, StepCosts, WorkerStepBudget
+from pdserve.costmodel.step_shape import StepShape
 
 # 50 ms a step, 1 ms a prompt token, 5 ms a decoding stream.
 PROFILE = Profile(

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from pdserve.core.step_shape import StepShape
+from pdserve.costmodel.step_shape import StepShape
 
 PROFILE_VERSION = 1
 FEATURES = ("fixed", "prefill_tokens", "prefill_pairs", "decode_seqs", "decode_context")

@@ -1,4 +1,4 @@
-"""What one engine step runs, in the features the cost model prices (planner/profile.py).
+"""What one engine step runs, in the features the cost model prices (costmodel/profile.py).
 
 Plain data, no torch: the scheduler's step budget, the router's adaptive placement and the
 planner's simulator all describe steps with it.
