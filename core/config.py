@@ -12,11 +12,12 @@ from dataclasses import dataclass
 # Model dtypes by torch's names (kv_cache.DTYPES maps each onto its torch.dtype).
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 INT8 = "int8"
-# "auto": the cache holds the model's dtype; "int8": int8 rows with per-token scales (kv_cache.py).
+# "auto": the cache holds the model's dtype; "int8": int8 rows with per-token scales (kv/cache.py).
 KV_CACHE_DTYPES = ("auto", INT8)
 # Weight-only quantizations (model/precision.py).
 QUANTIZATIONS = ("none", INT8)
-# Speculative decoding: "off", or how drafts are proposed (core/proposer.py; docs/speculative.md).
+# Speculative decoding: "off", or how drafts are proposed (core/spec/proposer.py,
+# docs/speculative.md).
 NGRAM = "ngram"
 SPECULATIVE_METHODS = ("off", NGRAM)
 

@@ -14,16 +14,14 @@ from typing import Any
 
 import torch
 
-from pdserve.core.block_pool import blocks_for, cache_root
 from pdserve.core.config import EngineConfig
-from pdserve.core.detokenizer import IncrementalDetokenizer
-from pdserve.core.engine_load import EngineLoad, load_of
-from pdserve.core.kv_cache import DTYPES, KVCache, KVLayout
+from pdserve.core.kv.block_pool import blocks_for, cache_root
+from pdserve.core.kv.cache import DTYPES, KVCache, KVLayout
+from pdserve.core.kv.sliding_window import max_live_blocks
 from pdserve.core.model.config import ModelConfig, load_model_config
 from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
 from pdserve.core.outputs import FinishReason, TokenDelta
-from pdserve.core.proposer import make_proposer
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampler import seeded_generator
 from pdserve.core.sampling_params import (
@@ -33,10 +31,12 @@ from pdserve.core.sampling_params import (
     SamplingParams,
     sample_ids,
 )
-from pdserve.core.scheduler import Scheduler, SchedulerOutput
-from pdserve.core.sliding_window import max_live_blocks
-from pdserve.core.speculator import Speculator
-from pdserve.core.tokenizer import load_tokenizer
+from pdserve.core.sched.engine_load import EngineLoad, load_of
+from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.spec.proposer import make_proposer
+from pdserve.core.spec.speculator import Speculator
+from pdserve.core.text.detokenizer import IncrementalDetokenizer
+from pdserve.core.text.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from pdserve.core.engine import LLMEngine
 from pdserve.core.model.source import resolve_model
 from pdserve.core.outputs import CompletionOutput, RequestOutput, TokenDelta
 from pdserve.core.sampling_params import SamplingParams, sample_ids
-from pdserve.core.scheduler import Scheduler
-from pdserve.core.static_scheduler import StaticScheduler
+from pdserve.core.sched.scheduler import Scheduler
+from pdserve.core.sched.static_scheduler import StaticScheduler
 
 Prompt = str | list[int]
 

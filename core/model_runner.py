@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.core.forward_batch import DecodeMetadata, ForwardBatch, PrefillMetadata
-from pdserve.core.kv_cache import KVCache
+from pdserve.core.kv.cache import KVCache
+from pdserve.core.kv.sliding_window import readable_table
 from pdserve.core.model.forward import CausalLM
 from pdserve.core.request import Request
 from pdserve.core.sampler import sample
-from pdserve.core.scheduler import SchedulerOutput
-from pdserve.core.sliding_window import readable_table
-from pdserve.core.spec_verify import verify_drafts
+from pdserve.core.sched.scheduler import SchedulerOutput
+from pdserve.core.spec.verify import verify_drafts
 from pdserve.kernels import copy_blocks
 
 _BLOCK_DIM = 2  # the block axis of KVCache.tensor
@@ -82,7 +82,7 @@ class ModelRunner:
         return _sample(logits, [chunk for chunk in chunks if chunk.completes])
 
     def _copy_blocks(self, output: SchedulerOutput) -> None:
-        """Swap-out, copy-on-write, swap-in: the order core/scheduler.py relies on."""
+        """Swap-out, copy-on-write, swap-in: the order core/sched/scheduler.py relies on."""
         if (output.swap_out or output.swap_in) and self.swap_cache is None:
             raise RuntimeError("scheduler asked for a swap but the engine has no swap space")
         for pairs, src, dst in (

@@ -9,7 +9,7 @@ A request's path through decode (traced, as SGLang's disaggregation docs do):
    A sliding-window model's reservation holds no block before the window of its first decode
    step either (`num_slid_blocks`: prefill sends none of those).
    Status WAITING_FOR_KV; the request is in no scheduler queue yet. The queue and its rules are
-   `core/reservation_queue.py`'s, which the planner's simulator runs too.
+   `core/sched/reservation_queue.py`'s, which the planner's simulator runs too.
 2. `start` (Decode.Generate): the router hands over prefill's first token. From now on `poll`
    watches the transfer without blocking.
 3. KV landed: the prompt's full blocks join the prefix cache (so they outlive the request), the
@@ -40,7 +40,6 @@ from pathlib import Path
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
-from pdserve.core.engine_load import EngineLoad
 from pdserve.core.errors import (
     KVNotArrivedError,
     QueueFullError,
@@ -48,15 +47,16 @@ from pdserve.core.errors import (
     TransferTokenError,
     UnknownRequestError,
 )
-from pdserve.core.kv_cache import KVCache
+from pdserve.core.kv.cache import KVCache
 from pdserve.core.outputs import TokenDelta
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.reservation_queue import ReservationQueue
 from pdserve.core.sampling_params import (
     DuplicateRequestError,
     InvalidRequestError,
     SamplingParams,
 )
+from pdserve.core.sched.engine_load import EngineLoad
+from pdserve.core.sched.reservation_queue import ReservationQueue
 from pdserve.core.transfer.interface import (
     KVReceiverLike,
     SendResult,

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.errors import KVNotOnDeviceError, NotServedHereError, UnknownRequestError
-from pdserve.core.kv_cache import KVCache
-from pdserve.core.kv_cache_manager import KVCacheManager
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.kv.cache import KVCache
+from pdserve.core.kv.manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.transfer.interface import (
     KVSenderLike,

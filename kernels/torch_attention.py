@@ -121,7 +121,7 @@ def _prefill_one(
 ) -> torch.Tensor:
     query_len = q.shape[0]
     # Blocks wholly before the first query's window are neither gathered nor masked: a sliding
-    # window's block table may hold no real block there (core/sliding_window.py).
+    # window's block table may hold no real block there (core/kv/sliding_window.py).
     first_visible = 0 if sliding_window is None else context_len - query_len - sliding_window + 1
     first_block = max(first_visible, 0) // shape.block_size
     first_key = first_block * shape.block_size

@@ -101,9 +101,9 @@ def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
 def _chat_prompt(args: argparse.Namespace) -> str:
     """The prompt as the model's chat template renders one user turn (as /v1/chat/completions
     does): the tokenizer comes from the model folder, the same one the router loads."""
-    from pdserve.core.chat import ChatMessage, chat_prompt
     from pdserve.core.model.source import resolve_model
-    from pdserve.core.tokenizer import load_tokenizer
+    from pdserve.core.text.chat import ChatMessage, chat_prompt
+    from pdserve.core.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(args.model, args.model_cache))
     return chat_prompt(tokenizer, [ChatMessage("user", args.prompt)])

@@ -22,7 +22,7 @@ import torch
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
 from pdserve.core.transfer.interface import TOKEN_NBYTES
 from pdserve.core.transfer.staging import Staging, block_index
 from pdserve.costmodel.profile import (

@@ -29,9 +29,9 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
-from pdserve.core.scheduler import Scheduler
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.sched.scheduler import Scheduler
 from pdserve.costmodel.profile import Profile
 from pdserve.costmodel.step_budget import ItlMode, StepCosts, WorkerStepBudget
 from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample

@@ -23,14 +23,14 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
-from pdserve.core.engine_load import EngineLoad, load_of
-from pdserve.core.kv_cache_manager import KVCacheManager
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.kv.manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.reservation_queue import ReservationQueue
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.sched.engine_load import EngineLoad, load_of
+from pdserve.core.sched.reservation_queue import ReservationQueue
+from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
 from pdserve.costmodel.profile import Profile
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner.workload import TraceRequest

@@ -23,14 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.kv.sliding_window import first_live_block
 from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
-from pdserve.core.scheduler import SchedulerOutput
-from pdserve.core.sliding_window import first_live_block
+from pdserve.core.sched.scheduler import SchedulerOutput
 from pdserve.core.transfer.interface import (
     KVSenderLike,
     PieceSendLike,

@@ -41,7 +41,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.core.block_pool import blocks_for
+from pdserve.core.kv.block_pool import blocks_for
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.router.placement import Placement, PlacementReason, PrefillPlace

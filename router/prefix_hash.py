@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pdserve.core.block_pool import BlockHash, chain_hashes
+from pdserve.core.kv.block_pool import BlockHash, chain_hashes
 from pdserve.router.prefix_map import ROUTER_ROOT
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from pdserve.core.block_pool import BlockHash, cache_root, chain_hashes
+from pdserve.core.kv.block_pool import BlockHash, cache_root, chain_hashes
 
 # Per worker: 4096 blocks of 16 tokens are 64 Ki prompt tokens, about what the default decode
 # pool (1024 blocks) and a few of its recent requests' prefixes hold; bounded memory (~300 KiB).

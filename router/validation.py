@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from pdserve.core.chat import ChatTokenizer
 from pdserve.core.model.config import load_model_config
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to_proto
-from pdserve.core.tokenizer import load_tokenizer
+from pdserve.core.text.chat import ChatTokenizer
+from pdserve.core.text.tokenizer import load_tokenizer
 from pdserve.router.config import RequestCaps
 from pdserve.v1 import common_pb2, generation_pb2
 

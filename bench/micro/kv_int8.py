@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.kv_cache import KVLayout
+from pdserve.core.kv.cache import KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.model.source import resolve_model
 from pdserve.core.sampling_params import SamplingParams

@@ -21,7 +21,7 @@ import torch
 from pdserve.bench.offline.workload import WORKLOAD_DIR, workload_and_model
 from pdserve.core.config import KV_CACHE_DTYPES
 from pdserve.core.forward_batch import ForwardBatch, PrefillMetadata
-from pdserve.core.kv_cache import DTYPES, KVCache, KVLayout
+from pdserve.core.kv.cache import DTYPES, KVCache, KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.model.config import load_model_config
 from pdserve.core.model.forward import CausalLM, load_model

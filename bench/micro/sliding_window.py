@@ -28,7 +28,7 @@ from pdserve.bench.arg_types import positive_int
 from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster, ClusterSpec
-from pdserve.core.block_pool import blocks_for
+from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.model.source import resolve_model
 from pdserve.testing.window_model import WindowModelShape, build_window_model
 

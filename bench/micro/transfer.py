@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from pdserve.bench.ports import free_port
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.transfer.staging import Staging, block_index
 
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype="float32")

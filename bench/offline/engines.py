@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from pdserve.bench.offline.workload import WorkloadRequest, total_output_tokens
-from pdserve.core.block_pool import blocks_for
+from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
 

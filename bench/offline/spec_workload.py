@@ -15,9 +15,9 @@ import argparse
 from pathlib import Path
 
 from pdserve.bench.offline.workload import WorkloadRequest, save_workload
-from pdserve.core.chat import ChatMessage, chat_prompt
 from pdserve.core.model.source import resolve_model
-from pdserve.core.tokenizer import load_tokenizer
+from pdserve.core.text.chat import ChatMessage, chat_prompt
+from pdserve.core.text.tokenizer import load_tokenizer
 
 WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workloads"
 MAX_TOKENS = 256

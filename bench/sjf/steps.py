@@ -20,7 +20,7 @@ from pdserve.bench.sjf.latency import compare_policies
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler
+from pdserve.core.sched.scheduler import Scheduler
 
 
 def run_steps(

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from pdserve.core.forward_batch import ForwardBatch
-from pdserve.core.kv_cache import KVCache
+from pdserve.core.kv.cache import KVCache
 from pdserve.core.model.config import ModelConfig
 from pdserve.core.model.gemm import LinearWeight, linear, prepare
 from pdserve.core.model.precision import check_supported

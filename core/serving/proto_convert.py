@@ -5,10 +5,10 @@ sampling_proto.py (torch-free).
 
 from __future__ import annotations
 
-from pdserve.core.block_pool import BlockPool
-from pdserve.core.engine_load import EngineLoad
-from pdserve.core.kv_cache import KVLayout
+from pdserve.core.kv.block_pool import BlockPool
+from pdserve.core.kv.cache import KVLayout
 from pdserve.core.outputs import FinishReason
+from pdserve.core.sched.engine_load import EngineLoad
 from pdserve.core.transfer.interface import TransferDescriptor
 from pdserve.v1 import common_pb2
 

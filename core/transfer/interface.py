@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv.cache import KVCache, KVLayout
 
 TOKEN_NBYTES = 16
 

@@ -12,7 +12,7 @@ import abc
 import threading
 import time
 
-from pdserve.core.kv_cache import KVCache
+from pdserve.core.kv.cache import KVCache
 from pdserve.core.transfer.interface import (
     SendResult,
     TransferDescriptor,

@@ -24,7 +24,7 @@ from enum import Enum
 
 import torch
 
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.transfer.interface import TOKEN_NBYTES, layer_groups
 
 HOST = torch.device("cpu")

@@ -35,7 +35,7 @@ import numpy as np
 import ucxx._lib.libucxx as ucx_api
 from ucxx._lib.arr import Array
 
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.transfer.interface import (
     TOKEN_NBYTES,
     TransferDescriptor,

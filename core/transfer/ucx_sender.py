@@ -19,7 +19,7 @@ import concurrent.futures
 import ucxx._lib.libucxx as ucx_api
 from ucxx._lib.arr import Array
 
-from pdserve.core.kv_cache import KVCache
+from pdserve.core.kv.cache import KVCache
 from pdserve.core.transfer.interface import (
     SendResult,
     TransferDescriptor,

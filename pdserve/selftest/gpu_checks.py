@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from pdserve.core.forward_batch import DecodeMetadata, ForwardBatch
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.model.config import ModelConfig
 from pdserve.core.model.forward import CausalLM

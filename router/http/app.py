@@ -21,8 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from pdserve.core.chat import chat_prompt
 from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.core.text.chat import chat_prompt
 from pdserve.router import metrics
 from pdserve.router.admission import Admission
 from pdserve.router.errors import RouterError

@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdserve.core.chat import ChatMessage
 from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.core.text.chat import ChatMessage
 from pdserve.v1 import common_pb2, generation_pb2
 
 # OpenAI's default for /v1/completions; chat has none, so both use the gRPC API's default.

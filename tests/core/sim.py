@@ -29,13 +29,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.kv.sliding_window import first_visible_position
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams, sample_ids
-from pdserve.core.scheduler import Scheduler, SchedulerOutput
-from pdserve.core.sliding_window import first_visible_position
-from pdserve.core.speculator import Speculator
+from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.spec.speculator import Speculator
 
 SlotKV = int | None  # prefix_keys()[position] of the KV a slot holds; None: never written
 SHARED_TOKEN = 10**6  # prompts' shared prefixes are made of these, own tokens of order * 1000 + i

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pdserve.core.block_pool import BlockPool, BlockPoolError
+from pdserve.core.kv.block_pool import BlockPool, BlockPoolError
 
 HASHES = st.sampled_from([b"a", b"b", b"c", b"d", b"e"])  # few, so that prefixes collide
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler
+from pdserve.core.sched.scheduler import Scheduler
 
 
 def test_a_request_whose_kv_arrived_keeps_its_blocks() -> None:

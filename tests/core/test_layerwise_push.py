@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.kv_cache import KVCache
+from pdserve.core.kv.cache import KVCache
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.transfer.interface import TransferDescriptor, TransferState, layer_groups
 from pdserve.core.transfer.staging import Piece

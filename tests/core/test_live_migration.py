@@ -17,7 +17,7 @@ import pytest
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.errors import KVNotOnDeviceError, RequestSuspended, UnknownRequestError
-from pdserve.core.kv_cache import KVCache
+from pdserve.core.kv.cache import KVCache
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.transfer.interface import (
     KVSenderLike,

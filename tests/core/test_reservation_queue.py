@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.reservation_queue import ReservationQueue
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler
+from pdserve.core.sched.reservation_queue import ReservationQueue
+from pdserve.core.sched.scheduler import Scheduler
 
 BLOCK = 4
 

@@ -14,13 +14,13 @@ from collections.abc import Iterable
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pdserve.core.block_pool import BlockPool, blocks_for
 from pdserve.core.config import EngineConfig, SchedulingPolicy
+from pdserve.core.kv.block_pool import BlockPool, blocks_for
+from pdserve.core.kv.sliding_window import NULL_BLOCK, first_visible_position, live_blocks
 from pdserve.core.request import Request, RequestStatus
 from pdserve.core.sampling_params import sample_ids
-from pdserve.core.scheduler import Scheduler
-from pdserve.core.sliding_window import NULL_BLOCK, first_visible_position, live_blocks
-from pdserve.core.static_scheduler import StaticScheduler
+from pdserve.core.sched.scheduler import Scheduler
+from pdserve.core.sched.static_scheduler import StaticScheduler
 from tests.core.sim import Arrival, Simulation, StepRecord
 
 # About 10 s for both property tests on one core; every example is a whole simulated run.

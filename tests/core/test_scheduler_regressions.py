@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.request import RequestStatus
-from pdserve.core.scheduler import Scheduler
-from pdserve.core.static_scheduler import StaticScheduler
+from pdserve.core.sched.scheduler import Scheduler
+from pdserve.core.sched.static_scheduler import StaticScheduler
 from tests.core.sim import Arrival, Simulation
 from tests.core.test_scheduler_properties import queues
 

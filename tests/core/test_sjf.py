@@ -7,7 +7,7 @@ from pathlib import Path
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler
+from pdserve.core.sched.scheduler import Scheduler
 from tests.core.sim import Arrival, Simulation
 from tests.core.test_greedy_matches_hf import assert_engine_empty
 

@@ -18,9 +18,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.scheduler import Scheduler, SchedulerOutput
-from pdserve.core.sliding_window import live_blocks, max_live_blocks
-from pdserve.core.speculator import Speculator
+from pdserve.core.kv.sliding_window import live_blocks, max_live_blocks
+from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.spec.speculator import Speculator
 from tests.core.sim import Arrival, Chunk, FakeRunner, ScriptedProposer, Simulation, StepRecord
 from tests.core.test_scheduler_properties import SETTINGS, run_checked, scenarios
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.kv.sliding_window import first_live_block
 from pdserve.core.sampling_params import InvalidRequestError
-from pdserve.core.sliding_window import first_live_block
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.prefill_service.engine import PrefillEngine
 from tests.conftest import SHARED_MAX_TOKENS, WINDOW

@@ -11,12 +11,9 @@ from typing import Any
 import pytest
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.kv_cache import KVLayout
-from pdserve.core.kv_cache_manager import KVCacheManager
-from pdserve.core.model.config import UnsupportedModelError, load_model_config
-from pdserve.core.request import Request
-from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.sliding_window import (
+from pdserve.core.kv.cache import KVLayout
+from pdserve.core.kv.manager import KVCacheManager
+from pdserve.core.kv.sliding_window import (
     NULL_BLOCK,
     first_live_block,
     first_visible_position,
@@ -24,6 +21,9 @@ from pdserve.core.sliding_window import (
     max_live_blocks,
     readable_table,
 )
+from pdserve.core.model.config import UnsupportedModelError, load_model_config
+from pdserve.core.request import Request
+from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.transfer.interface import TransferDescriptor
 
 BLOCK = 4

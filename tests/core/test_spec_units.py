@@ -11,14 +11,14 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from pdserve.core.block_pool import blocks_for
 from pdserve.core.config import EngineConfig
-from pdserve.core.ngram_proposer import NgramIndex
+from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.request import Request
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler
-from pdserve.core.spec_verify import verify_drafts
-from pdserve.core.speculator import MAX_PAUSE_STEPS, MIN_PAUSE_STEPS, Backoff, Speculator
+from pdserve.core.sched.scheduler import Scheduler
+from pdserve.core.spec.ngram import NgramIndex
+from pdserve.core.spec.speculator import MAX_PAUSE_STEPS, MIN_PAUSE_STEPS, Backoff, Speculator
+from pdserve.core.spec.verify import verify_drafts
 from tests.core.sim import Arrival, ScriptedProposer, Simulation, StepRecord
 from tests.core.test_scheduler_properties import SETTINGS, run_checked, scenarios
 

@@ -93,7 +93,7 @@ def test_greedy_samples_with_drafts_equal_transformers(
 def test_seeded_sampling_draws_the_same_tokens_with_and_without_drafts(
     model_dir: Path, prompts: list[list[int]]
 ) -> None:
-    """One noise draw per emitted token, in order (core/spec_verify.py): the seed's sequence."""
+    """One noise draw per emitted token, in order (core/spec/verify.py): the seed's sequence."""
     chosen = prompts[4:]
     params = [
         SamplingParams(max_tokens=24, temperature=0.7, top_p=0.95, seed=seed, n=2)

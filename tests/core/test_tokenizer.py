@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from pdserve.core.chat import ChatMessage, chat_prompt
-from pdserve.core.tokenizer import GENERIC_TOKENIZER_CLASSES, load_tokenizer
+from pdserve.core.text.chat import ChatMessage, chat_prompt
+from pdserve.core.text.tokenizer import GENERIC_TOKENIZER_CLASSES, load_tokenizer
 
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 TEXTS = [

@@ -7,7 +7,7 @@ import pytest
 from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler
+from pdserve.core.sched.scheduler import Scheduler
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.costmodel.step_budget import MIN_CHUNK_TOKENS, ItlMode, StepCosts, WorkerStepBudget
 from pdserve.costmodel.step_shape import StepShape

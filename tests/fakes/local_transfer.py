@@ -16,7 +16,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.transfer.interface import (
     TOKEN_NBYTES,
     SendResult,

@@ -280,7 +280,7 @@ def test_router_requirements_hold_every_dependency_a_router_imports(
 import importlib.metadata, json, sys
 from pathlib import Path
 import pdserve.router.main
-from pdserve.core.chat import ChatMessage, chat_prompt
+from pdserve.core.text.chat import ChatMessage, chat_prompt
 from pdserve.router.config import RequestCaps
 from pdserve.router.validation import load_validator
 

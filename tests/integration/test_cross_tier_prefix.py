@@ -18,8 +18,8 @@ import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster
-from pdserve.core.block_pool import blocks_for
-from pdserve.core.kv_cache import KVLayout
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.kv.cache import KVLayout
 from tests.conftest import SHARED_MAX_TOKENS
 
 from .conftest import start_cluster

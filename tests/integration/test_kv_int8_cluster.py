@@ -20,7 +20,7 @@ import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.cluster import Cluster
-from pdserve.core.kv_cache import KVLayout
+from pdserve.core.kv.cache import KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams as OfflineParams
 from tests.conftest import SHARED_MAX_TOKENS

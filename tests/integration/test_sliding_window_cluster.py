@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from pdserve.cluster import Cluster
-from pdserve.core.block_pool import blocks_for
-from pdserve.core.kv_cache import KVLayout
-from pdserve.core.sliding_window import first_live_block
+from pdserve.core.kv.block_pool import blocks_for
+from pdserve.core.kv.cache import KVLayout
+from pdserve.core.kv.sliding_window import first_live_block
 from tests.conftest import WINDOW, WINDOW_MAX_TOKENS
 
 from .conftest import start_cluster

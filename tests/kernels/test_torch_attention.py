@@ -136,7 +136,7 @@ def test_decode_in_several_length_buckets(window: int | None) -> None:
 
 
 def test_blocks_before_the_window_are_never_read() -> None:
-    """A sliding window's table may hold no real block before the window (core/sliding_window.py):
+    """A sliding window's table may hold no real block before its window (core/kv/sliding_window.py)
     poisoning every block wholly before the first query's window changes no output."""
     window, block = 20, 16
     contexts, chunks = [100, 77, 300, 40], [30, 1, 64, 1]

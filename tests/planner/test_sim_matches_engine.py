@@ -24,7 +24,7 @@ import pytest
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.workload import TraceRequest

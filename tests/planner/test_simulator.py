@@ -10,8 +10,8 @@ import pytest
 
 from pdserve.bench.offline.workload import WORKLOAD_DIR, load_workload
 from pdserve.core.config import EngineConfig
-from pdserve.core.scheduler import Scheduler
-from pdserve.core.static_scheduler import StaticScheduler
+from pdserve.core.sched.scheduler import Scheduler
+from pdserve.core.sched.static_scheduler import StaticScheduler
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.workload import TraceRequest

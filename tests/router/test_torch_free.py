@@ -28,8 +28,8 @@ TORCH_FREE_MODULES = (
     "pdserve.router.http.app",
     "pdserve.core.config",
     "pdserve.core.sampling_params",
-    "pdserve.core.tokenizer",
-    "pdserve.core.chat",
+    "pdserve.core.text.tokenizer",
+    "pdserve.core.text.chat",
     "pdserve.core.serving.cli_config",
     "pdserve.core.serving.request_guard",
     "pdserve.core.serving.sampling_proto",
@@ -54,7 +54,7 @@ def test_loading_the_tokenizer_and_rendering_a_chat_imports_no_torch(model_dir: 
     code = f"""
 import sys
 from pathlib import Path
-from pdserve.core.chat import ChatMessage, chat_prompt
+from pdserve.core.text.chat import ChatMessage, chat_prompt
 from pdserve.router.config import RequestCaps
 from pdserve.router.validation import load_validator
 

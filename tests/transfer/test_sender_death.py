@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from ucx_peers import TRANSPORTS, Peer, PeerError
 
-from pdserve.core.kv_cache import KVLayout
+from pdserve.core.kv.cache import KVLayout
 
 # The real model's block shape: 64 blocks are 46 MB, a transfer of tens of milliseconds, so the
 # sender can die while decode is still pulling the bytes (CMA over shared memory).

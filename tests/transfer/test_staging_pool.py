@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pdserve.core.kv_cache import KVLayout
+from pdserve.core.kv.cache import KVLayout
 from pdserve.core.transfer.staging import StagingPool
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=1, head_dim=8, block_size=4, dtype="float32")

@@ -8,7 +8,7 @@ import secrets
 import pytest
 import torch
 
-from pdserve.core.kv_cache import KVCache, KVLayout
+from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.transfer.interface import (
     KVReceiverLike,
     KVSenderLike,

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from pdserve.core.kv_cache import KVLayout
+from pdserve.core.kv.cache import KVLayout
 from pdserve.netns import POD_INTERFACE, Pod
 
 POLL_INTERVAL_S = 0.001
@@ -129,7 +129,7 @@ def run_peer(
     os.environ.update(env)
     import torch
 
-    from pdserve.core.kv_cache import KVCache
+    from pdserve.core.kv.cache import KVCache
     from pdserve.core.transfer.staging import StagingPlace
     from pdserve.core.transfer.ucx import KVReceiver
     from pdserve.core.transfer.ucx_runtime import UcxConfig

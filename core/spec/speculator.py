@@ -16,8 +16,8 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.core.proposer import Proposer
 from pdserve.core.request import Request, RequestStatus
+from pdserve.core.spec.proposer import Proposer
 
 BACKOFF_THRESHOLD = 0.3  # acceptance (accepted / drafted) under which a request pauses
 RATE_WEIGHT = 0.5  # weight of the latest step in the moving acceptance rate

@@ -24,7 +24,7 @@ forward, `record_verified` advances it only by the tokens whose KV the target co
 rolls back the rest (`KVCacheManager.roll_back`), so the prefix cache never sees a rejected
 draft.
 
-Blocks are the KV-cache manager's (`core/kv_cache_manager.py`): the scheduler decides who gets
+Blocks are the KV-cache manager's (`core/kv/manager.py`): the scheduler decides who gets
 them and when; the manager gives, shares, copies, swaps and frees them and counts prefix hits.
 
 With n > 1 the samples of a prompt share its blocks: the first computes all but the last prompt
@@ -44,12 +44,12 @@ otherwise overwrite them before they are read).
 from __future__ import annotations
 
 from pdserve.core.config import EngineConfig, SchedulingPolicy
-from pdserve.core.kv_cache_manager import KVCacheManager
+from pdserve.core.kv.manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.step_plan import (
+from pdserve.core.sched.step_plan import (
     SchedulerOutput as SchedulerOutput,  # re-exported: imported from here
 )
-from pdserve.core.step_plan import StepBudget, StepPlan
+from pdserve.core.sched.step_plan import StepBudget, StepPlan
 
 
 class Scheduler:

@@ -10,7 +10,7 @@ A request's blocks are `request.block_ids` (device) and `request.swap_block_ids`
 reference each; a block two requests hold (a cached prefix, a fork's shared prompt) has two.
 After a speculative step, `roll_back` returns the blocks only rejected drafts used.
 
-With a sliding window (`core/sliding_window.py`) a request's table keeps only the blocks its next
+With a sliding window (`core/kv/sliding_window.py`) a request's table keeps only the blocks its next
 queries can see: `slide` hands the ones that fell out of the window back to the pool after every
 step and leaves `NULL_BLOCK` in their slots, so a request holds at most `max_live_blocks` blocks
 between steps however long it grows, a swap moves only those, and a reservation holds (and
@@ -27,15 +27,15 @@ its hits the same way: `num_prefix_query_tokens` are the tokens of requests that
 
 from __future__ import annotations
 
-from pdserve.core.block_pool import BlockHash, BlockPool, blocks_for, chain_hashes
 from pdserve.core.config import EngineConfig
-from pdserve.core.request import Request
-from pdserve.core.sliding_window import (
+from pdserve.core.kv.block_pool import BlockHash, BlockPool, blocks_for, chain_hashes
+from pdserve.core.kv.sliding_window import (
     NULL_BLOCK,
     first_live_block,
     live_blocks,
     num_null_slots,
 )
+from pdserve.core.request import Request
 
 BlockPair = tuple[int, int]  # (source block, destination block) of one copy
 

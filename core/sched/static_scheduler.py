@@ -8,8 +8,8 @@ n samples of a prompt either: each computes the prompt itself.
 
 from __future__ import annotations
 
-from pdserve.core.scheduler import Scheduler
-from pdserve.core.step_plan import StepPlan
+from pdserve.core.sched.scheduler import Scheduler
+from pdserve.core.sched.step_plan import StepPlan
 
 
 class StaticScheduler(Scheduler):

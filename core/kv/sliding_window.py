@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from pdserve.core.block_pool import blocks_for
+from pdserve.core.kv.block_pool import blocks_for
 
 NULL_BLOCK: Final = -1  # a table slot whose block slid out of the window and went back to the pool
 _READABLE_FILLER: Final = (

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.scheduler import Scheduler
+from pdserve.core.sched.scheduler import Scheduler
 
 
 class Reservation(Protocol):

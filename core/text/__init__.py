@@ -1,0 +1,2 @@
+"""Request text in and out: chat templates, the tokenizer, incremental detokenization with
+stop strings."""
