@@ -18,8 +18,8 @@ from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.config import SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
 from pdserve.netns import LinkShaping, link_delay, link_rate
-from pdserve.router.placement import PlacementMode
-from pdserve.router.policy import RoutingPolicy
+from pdserve.router.placement.prefill_place import PlacementMode
+from pdserve.router.placement.worker_choice import RoutingPolicy
 
 if TYPE_CHECKING:
     from pdserve.cluster_status import ClusterStatus

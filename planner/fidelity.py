@@ -19,7 +19,7 @@ from pdserve.loadtest.stats import percentile
 from pdserve.planner.real_runs import Seen
 from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement.prefill_place import PlacementConfig
 
 LATENCY_METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
 METRICS = (*LATENCY_METRICS, "attainment")

@@ -23,7 +23,7 @@ from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.sim_worker import Role
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PlacementConfig, PlacementMode
+from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from pdserve.planner.workload import (
     load_spec,
     requests_of,
 )
-from pdserve.router.placement import PlacementMode
+from pdserve.router.placement.prefill_place import PlacementMode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from pdserve.costmodel.profile import Profile, ServingCosts
 from pdserve.planner.fidelity import a_priori_deployment, simulate_seen
 from pdserve.planner.real_runs import Arrivals, Seen, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement.prefill_place import PlacementConfig
 
 BURSTS = (1, 2, 4, 8, 16)
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 48

@@ -1,20 +1,20 @@
 """A discrete-event simulation of the router and its prefill and decode workers.
 
-The router does what `router/dispatch.py` does, with its least-loaded choice (`router/policy.py`)
-made on exact loads instead of polled ones: pick a decode worker, Reserve the prompt's blocks
-there; once granted, pick a prefill worker and send it the prompt; when prefill finishes, its KV
-crosses to decode (wire + scatter from the profile) and decode admits the request at its next loop
-turn, which is when the client sees the first token. In colocated mode (no prefill workers) and,
-with a disaggregation threshold, for prompts shorter than it, the prompt goes straight to a decode
-worker and is prefilled there in chunks inside its continuous batch. That choice is made by the
-router's own rule (`router/placement.py` `place_prefill`) with the router's own settings
-(`PlacementConfig`: `--disagg-threshold`, `--max-prefill-queue`, and their defaults). Under
-`--placement adaptive` the router's cost-model choice (`router/adaptive_placement.py`
-`place_adaptive`, the same function) picks the workers too, from the workers' exact loads: local
-on a decode worker, local on a prefill worker it lends streams (taken back once they are done, as
-router/roles.py does), or remote from a given prefill worker to a given decode worker. With
-`itl_slo_s` every worker's scheduler caps its steps' prompt tokens (costmodel/step_budget.py), as
-workers started with `--itl-slo` do.
+The router does what `router/dispatch.py` does, with its least-loaded choice
+(`router/placement/worker_choice.py`) made on exact loads instead of polled ones: pick a decode
+worker, Reserve the prompt's blocks there; once granted, pick a prefill worker and send it the
+prompt; when prefill finishes, its KV crosses to decode (wire + scatter from the profile) and decode
+admits the request at its next loop turn, which is when the client sees the first token. In
+colocated mode (no prefill workers) and, with a disaggregation threshold, for prompts shorter than
+it, the prompt goes straight to a decode worker and is prefilled there in chunks inside its
+continuous batch. That choice is made by the router's own rule (`router/placement/prefill_place.py`
+`place_prefill`) with the router's own settings (`PlacementConfig`: `--disagg-threshold`,
+`--max-prefill-queue`, and their defaults). Under `--placement adaptive` the router's cost-model
+choice (`router/placement/adaptive.py` `place_adaptive`, the same function) picks the workers too,
+from the workers' exact loads: local on a decode worker, local on a prefill worker it lends streams
+(taken back once they are done, as router/placement/roles.py does), or remote from a given prefill
+worker to a given decode worker. With `itl_slo_s` every worker's scheduler caps its steps' prompt
+tokens (costmodel/step_budget.py), as workers started with `--itl-slo` do.
 
 Each request's prompt is its own but for the prefix its trace line shares (`sim_worker`), so the
 workers' prefix caches hit where the real ones would, on both tiers: a decode worker's
@@ -36,8 +36,8 @@ from pdserve.costmodel.profile import Profile
 from pdserve.costmodel.step_budget import ItlMode, StepCosts, WorkerStepBudget
 from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.adaptive_placement import WorkerRole, WorkerState, place_adaptive
-from pdserve.router.placement import (
+from pdserve.router.placement.adaptive import WorkerRole, WorkerState, place_adaptive
+from pdserve.router.placement.prefill_place import (
     PlacementConfig,
     PlacementMode,
     PrefillPlace,
@@ -247,7 +247,7 @@ class ClusterSim:
         decode.kv_landed(now, journey)
 
     def _least_loaded(self, workers: list[SimWorker]) -> SimWorker:
-        """router/policy.py's choice: the smallest load key, exact ties round robin."""
+        """worker_choice.py's least-loaded choice: the smallest load key, exact ties round robin."""
         keys = [worker.load() for worker in workers]
         best = min(keys)
         tied = [worker for worker, key in zip(workers, keys, strict=True) if key == best]

@@ -18,7 +18,7 @@ from pdserve.costmodel.profile import Profile, ProfileError, load_profile
 from pdserve.planner.sim_cluster import ClusterSim, Deployment
 from pdserve.planner.sim_report import format_summary, plot, summarize
 from pdserve.planner.workload import Workload, WorkloadSpecError, load_spec, requests_of
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement.prefill_place import PlacementConfig
 
 PLACEMENT_DEFAULTS = PlacementConfig()
 

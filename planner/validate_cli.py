@@ -41,7 +41,7 @@ from pdserve.planner.fidelity import (
 )
 from pdserve.planner.real_runs import Arrivals, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import PoissonSpec, TraceRequest, Workload, requests_of
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement.prefill_place import PlacementConfig
 
 CONFIGS = {"1P1D": (1, 1), "1P2D": (1, 2), "2P1D": (2, 1)}
 TARGET_MEDIAN, TARGET_MAX = 0.10, 0.25

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.core.serving.tls import ChannelTls
 from pdserve.costmodel.step_budget import StepCosts
-from pdserve.router.placement import PlacementConfig, PlacementMode
-from pdserve.router.policy import RoutingPolicy
+from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
+from pdserve.router.placement.worker_choice import RoutingPolicy
 
 _PLACEMENT_DEFAULTS = PlacementConfig()
 
@@ -77,7 +77,8 @@ class RouterConfig:
     # --placement adaptive predicts with; None without --profile.
     costs: StepCosts | None = None
     # How a worker is chosen in each tier: least loaded, or the one whose recent prompts share
-    # the most leading blocks with this one, within a load bound (policy.py `prefix_choice`).
+    # the most leading blocks with this one, within a load bound (`prefix_choice` in
+    # placement/worker_choice.py).
     routing_policy: RoutingPolicy = RoutingPolicy.LEAST_LOADED
     # --routing-policy prefix-hash: the leading full blocks a prompt is keyed by (prefix_hash.py).
     prefix_hash_blocks: int = 4

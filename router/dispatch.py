@@ -1,9 +1,9 @@
 """One request through the tiers: where to prefill it, the decode stream, and migration.
 
-    placement (placement.py) ──local──> Decode.GenerateLocal on the least-loaded decode worker
+    placement (placement/) ──local──> Decode.GenerateLocal on the least-loaded decode worker
               └──remote──> Reserve + Prefill (remote_prefill.py) -> Decode.Generate
-    --placement adaptive (adaptive_placement.py) chooses the workers too: local on a decode
-        worker or on a prefill worker it lends streams (roles.py), or remote from a given
+    --placement adaptive (placement/adaptive.py) chooses the workers too: local on a decode
+        worker or on a prefill worker it lends streams (placement/roles.py), or remote from a given
         prefill worker to a given decode worker
     token deltas to the caller
     decode worker lost mid-stream (UNAVAILABLE) ──> migrate: a new run on another decode worker
@@ -34,16 +34,21 @@ import grpc
 
 from pdserve.router import metrics
 from pdserve.router.aborts import Aborts
-from pdserve.router.adaptive_placement import place_adaptive
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RelayMode, RouterConfig
 from pdserve.router.decode_mux import DecodeMultiplexer, MuxRun
 from pdserve.router.errors import RouterError
 from pdserve.router.live_migration import LiveMigration, StreamSuspended
-from pdserve.router.placement import PlacementMode, PrefillPlace, PrefillTierState, place_prefill
+from pdserve.router.placement.adaptive import place_adaptive
+from pdserve.router.placement.prefill_place import (
+    PlacementMode,
+    PrefillPlace,
+    PrefillTierState,
+    place_prefill,
+)
+from pdserve.router.placement.roles import Roles
 from pdserve.router.registry import Registry, Worker
 from pdserve.router.remote_prefill import Chosen, RemotePrefill
-from pdserve.router.roles import Roles
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2
 
@@ -190,7 +195,7 @@ class Dispatcher:
         clock: RequestClock,
         avoid: Collection[str],
     ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
-        """The cost model's choice of workers (adaptive_placement.py)."""
+        """The cost model's choice of workers (placement/adaptive.py)."""
         costs = self.config.costs
         assert costs is not None  # RouterConfig refuses --placement adaptive without a profile
         self.roles.take_back_idle()

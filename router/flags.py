@@ -13,8 +13,8 @@ from pdserve.core.serving.tls import ChannelTls
 from pdserve.costmodel.profile import load_profile
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router.config import RelayMode, RequestCaps, RouterConfig
-from pdserve.router.placement import PlacementMode
-from pdserve.router.policy import RoutingPolicy
+from pdserve.router.placement.prefill_place import PlacementMode
+from pdserve.router.placement.worker_choice import RoutingPolicy
 from pdserve.router.targets import parse_targets
 
 ROUTER_PORT = 50051

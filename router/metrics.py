@@ -59,7 +59,7 @@ WORKERS = Gauge(
 PREFILL_PLACEMENTS = Counter(
     "pdserve_router_prefill_placements",
     "Where prompts were prefilled (local: on their decode worker; remote: on the prefill tier), "
-    "and why (router/placement.py)",
+    "and why (router/placement/prefill_place.py)",
     ["place", "reason"],
 )
 MIGRATIONS = Counter(
@@ -72,6 +72,6 @@ MIGRATIONS = Counter(
 ROLE_CHANGES = Counter(
     "pdserve_router_role_changes",
     "Prefill workers lent streams by adaptive placement (role decode) and taken back once their "
-    "streams were done (role prefill) (router/roles.py)",
+    "streams were done (role prefill) (router/placement/roles.py)",
     ["role"],
 )

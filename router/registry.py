@@ -22,15 +22,15 @@ from pdserve.core.serving.server import message_limits
 from pdserve.core.serving.tls import secure_channel
 from pdserve.router import metrics
 from pdserve.router.config import RouterConfig, Tier
-from pdserve.router.policy import (
+from pdserve.router.placement.prefix_hash import PrefixHash
+from pdserve.router.placement.prefix_map import PrefixMap
+from pdserve.router.placement.worker_choice import (
     RoutingPolicy,
     WorkerLoad,
     least_loaded,
     prefix_choice,
     rendezvous_choice,
 )
-from pdserve.router.prefix_hash import PrefixHash
-from pdserve.router.prefix_map import PrefixMap
 from pdserve.router.targets import DnsTargets, Resolver, StaticTargets, parse_targets, resolve_dns
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
@@ -115,7 +115,8 @@ class WorkerPool(Generic[StubT]):
         self.prefix_hash = prefix_hash  # set under --routing-policy prefix-hash (likewise)
         self._closing: set[asyncio.Task[None]] = set()
         self._targets: set[str] = set()  # from the flags or DNS
-        self.borrowed: set[str] = set()  # another tier's workers lent to this one (roles.py)
+        # Another tier's workers lent to this one (placement/roles.py).
+        self.borrowed: set[str] = set()
 
     def set_addresses(self, addresses: Iterable[str]) -> None:
         self._targets = set(addresses)

@@ -51,8 +51,8 @@ class ArmResult:
     requests: int
     placements: dict[str, int]
     prefix_hit_tokens: int
-    # "place:reason" -> requests (router/placement.py PlacementReason): which worker the adaptive
-    # arm chose and why (local:local_cheaper on a decode worker, local:prefill_idle and
+    # "place:reason" -> requests (router/placement/prefill_place.py PlacementReason): which worker
+    # the adaptive arm chose and why (local:local_cheaper on a decode worker, local:prefill_idle and
     # local:lent_prefill_worker on the prefill worker, remote:*).
     placement_reasons: dict[str, int]
     # worker name ("decode-0", "prefill-0") -> its streams' mean gap between tokens, s (its

@@ -32,7 +32,7 @@ from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.llm import LLM
 from pdserve.core.model.source import resolve_model
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.router.policy import RoutingPolicy
+from pdserve.router.placement.worker_choice import RoutingPolicy
 
 SYSTEM_TOKENS = 512
 MAX_TOKENS = 8

@@ -16,7 +16,7 @@ import yaml
 from pdserve.cli import build_parser, main
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.router.main import router_config_from_args
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement.prefill_place import PlacementConfig
 
 Manifest = dict[str, Any]
 Render = Callable[[dict[str, Any], str, str], list[Manifest]]

@@ -19,7 +19,7 @@ from pdserve.planner.serving_calibration import BURSTS, burst, fit_serving
 from pdserve.planner.validate_cli import validation_trace
 from pdserve.planner.verify import report
 from pdserve.planner.workload import PoissonSpec, TokenRange
-from pdserve.router.placement import PlacementConfig
+from pdserve.router.placement.prefill_place import PlacementConfig
 from tests.planner.helpers import fixed_step_profile
 
 

@@ -10,7 +10,7 @@ from pdserve.planner.helm_values import helm_values
 from pdserve.planner.plan import SearchSpace, Slo, deployments, evaluate
 from pdserve.planner.plan_cli import placement_modes
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PlacementMode
+from pdserve.router.placement.prefill_place import PlacementMode
 from tests.planner.helpers import fixed_step_profile
 
 REQUESTS = [TraceRequest(0.1 * i, 20 + 10 * i, 4) for i in range(8)]

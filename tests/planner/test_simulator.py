@@ -15,7 +15,7 @@ from pdserve.core.sched.static_scheduler import StaticScheduler
 from pdserve.planner.sim_cluster import ClusterSim, Deployment, SimResult
 from pdserve.planner.sim_report import summarize
 from pdserve.planner.workload import TraceRequest
-from pdserve.router.placement import PlacementConfig, PlacementMode
+from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 from tests.planner.helpers import fixed_step_profile
 
 STEP = 0.05
@@ -176,9 +176,9 @@ def test_requests_share_only_the_prefix_the_trace_gives_them() -> None:
 def test_adaptive_placement_is_the_routers_own_function() -> None:
     """One placement module: the simulator calls the router's decision, not a copy."""
     from pdserve.planner import sim_cluster
-    from pdserve.router import adaptive_placement
+    from pdserve.router.placement import adaptive
 
-    assert sim_cluster.place_adaptive is adaptive_placement.place_adaptive
+    assert sim_cluster.place_adaptive is adaptive.place_adaptive
 
 
 def test_adaptive_placement_lends_an_idle_prefill_worker_streams() -> None:

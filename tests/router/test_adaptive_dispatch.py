@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from pdserve.client import build_request
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.costmodel.step_budget import StepCosts
-from pdserve.router.placement import PlacementMode
+from pdserve.router.placement.prefill_place import PlacementMode
 from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
 from pdserve.v1 import common_pb2
 

@@ -7,8 +7,8 @@ import pytest
 
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.costmodel.step_budget import StepCosts
-from pdserve.router.adaptive_placement import WorkerRole, WorkerState, place_adaptive
-from pdserve.router.placement import PlacementReason, PrefillPlace
+from pdserve.router.placement.adaptive import WorkerRole, WorkerState, place_adaptive
+from pdserve.router.placement.prefill_place import PlacementReason, PrefillPlace
 
 FIXED, PER_TOKEN, PER_STREAM = 0.05, 0.001, 0.005
 PREFILL, DECODE = WorkerRole.PREFILL, WorkerRole.DECODE

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pdserve.client import build_request
-from pdserve.router.placement import (
+from pdserve.router.placement.prefill_place import (
     Placement,
     PlacementReason,
     PrefillPlace,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from pdserve.router.policy import WorkerLoad, least_loaded, load_key
+from pdserve.router.placement.worker_choice import WorkerLoad, least_loaded, load_key
 
 IDLE = WorkerLoad(num_free_blocks=100, num_total_blocks=100)
 

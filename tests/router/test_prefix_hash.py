@@ -11,14 +11,14 @@ from pdserve.client import build_request
 from pdserve.router.admission import Admission
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.dispatch import Dispatcher
-from pdserve.router.policy import (
+from pdserve.router.placement.prefix_hash import PrefixHash
+from pdserve.router.placement.worker_choice import (
     PREFIX_BALANCE_SLACK,
     RoutingPolicy,
     WorkerLoad,
     rendezvous_choice,
     rendezvous_rank,
 )
-from pdserve.router.prefix_hash import PrefixHash
 from pdserve.router.registry import Registry
 from pdserve.v1 import common_pb2
 

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from pdserve.client import build_request
-from pdserve.router.policy import (
+from pdserve.router.placement.prefix_map import PrefixMap
+from pdserve.router.placement.worker_choice import (
     MIN_PREFIX_SHARE,
     PREFIX_BALANCE_SLACK,
     RoutingPolicy,
     WorkerLoad,
     prefix_choice,
 )
-from pdserve.router.prefix_map import PrefixMap
 from pdserve.v1 import common_pb2
 
 IDLE = WorkerLoad(num_free_blocks=100, num_total_blocks=100)

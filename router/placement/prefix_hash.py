@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pdserve.core.kv.block_pool import BlockHash, chain_hashes
-from pdserve.router.prefix_map import ROUTER_ROOT
+from pdserve.router.placement.prefix_map import ROUTER_ROOT
 
 
 class PrefixHash:

@@ -11,9 +11,9 @@ fraction of KV blocks in use (a fuller cache is closer to making Reserve wait or
 Exact ties (typically idle workers) go round robin, so equal workers share the traffic.
 
 With `--routing-policy prefix`, `prefix_choice` first prefers the worker most likely to hold the
-prompt's leading KV blocks in its prefix cache (router/prefix_map.py), within a load bound.
+prompt's leading KV blocks in its prefix cache (prefix_map.py), within a load bound.
 With `--routing-policy prefix-hash`, `rendezvous_choice` sends a prompt to the worker its leading
-blocks hash to (router/prefix_hash.py): the same choice in every router replica, with no state.
+blocks hash to (prefix_hash.py): the same choice in every router replica, with no state.
 """
 
 from __future__ import annotations

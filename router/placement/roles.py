@@ -26,8 +26,8 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from pdserve.router import metrics
-from pdserve.router.adaptive_placement import WorkerRole, WorkerState
 from pdserve.router.config import Tier
+from pdserve.router.placement.adaptive import WorkerRole, WorkerState
 from pdserve.router.registry import NoHealthyWorkerError, Registry, Worker
 from pdserve.v1 import common_pb2
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.costmodel.step_shape import StepShape
-from pdserve.router.placement import Placement, PlacementReason, PrefillPlace
+from pdserve.router.placement.prefill_place import Placement, PlacementReason, PrefillPlace
 
 
 class WorkerRole(enum.Enum):
