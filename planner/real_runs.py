@@ -24,12 +24,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.cluster import Cluster, ClusterSpec, CpuPin
 from pdserve.core.config import EngineConfig
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.config import LoadConfig, Method
 from pdserve.loadtest.driver import drive
 from pdserve.loadtest.schedule import POISSON_SEED, ArrivalSchedule, LoadSchedule
+from pdserve.local.cluster import Cluster, ClusterSpec, CpuPin
 from pdserve.planner.workload import TraceRequest
 
 BASE_PORT, METRICS_PORT = 53000, 53500  # clear of `pdserve up`'s 50051 / 9100

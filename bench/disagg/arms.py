@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.cluster import Cluster, ClusterSpec
+from pdserve.local.cluster import Cluster, ClusterSpec
 from pdserve.planner.real_runs import own_cores
 
 # This benchmark's ports (docs/benchmarks.md): router at BASE_PORT, workers at fixed offsets.

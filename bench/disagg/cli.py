@@ -44,11 +44,11 @@ from pdserve.bench.disagg.workload import (
     plan_requests,
     point_seed,
 )
-from pdserve.cluster import Cluster
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.config import LoadConfig, Method
 from pdserve.loadtest.driver import drive
 from pdserve.loadtest.schedule import LoadSchedule
+from pdserve.local.cluster import Cluster
 
 WARMUP_PER_WORKER = 3  # requests per worker before the first point: endpoints, pages, allocator
 # The cost model measured on this project's 2-core CPU machine (docs/planning.md), in the source

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from pdserve.bench.disagg.report import PointCounters
-from pdserve.cluster import Process
+from pdserve.local.cluster import Process
 
 PLACEMENTS = "pdserve_router_prefill_placements"
 ITL = "pdserve_decode_inter_token_latency_seconds"  # each worker's gaps between its tokens

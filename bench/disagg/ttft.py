@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.model.source import resolve_model
+from pdserve.local.cluster import Cluster, ClusterSpec
 from pdserve.v1 import common_pb2
 
 TRANSPORTS = {"sm": "sm,self", "tcp": "tcp"}  # UCX_TLS values, as tests/transfer uses them

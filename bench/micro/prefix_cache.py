@@ -28,10 +28,10 @@ from pathlib import Path
 from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient, build_request
 from pdserve.client import SamplingParams as WireSamplingParams
-from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.llm import LLM
 from pdserve.core.model.source import resolve_model
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.local.cluster import Cluster, ClusterSpec
 from pdserve.router.placement.worker_choice import RoutingPolicy
 
 SYSTEM_TOKENS = 512

@@ -27,9 +27,9 @@ from pathlib import Path
 from pdserve.bench.arg_types import positive_int
 from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.model.source import resolve_model
+from pdserve.local.cluster import Cluster, ClusterSpec
 from pdserve.testing.window_model import WindowModelShape, build_window_model
 
 BLOCK_SIZE = 16

@@ -70,9 +70,9 @@ from pdserve.bench.migration.harness import (
     until_each_has,
 )
 from pdserve.client import GenerationClient
-from pdserve.cluster import Process
 from pdserve.core.model.source import resolve_model
-from pdserve.netns import link_rate
+from pdserve.local.cluster import Process
+from pdserve.local.netns import link_rate
 
 
 @dataclass(frozen=True)

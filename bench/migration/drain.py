@@ -16,7 +16,7 @@ from pathlib import Path
 from pdserve.bench.migration import harness
 from pdserve.bench.scrape import metric_value
 from pdserve.client import GenerationClient
-from pdserve.cluster import Process
+from pdserve.local.cluster import Process
 
 DRAIN_CONTEXT_TOKENS = 1000
 # A drain's streams must all still run when the last of them has its first tokens (one prefill

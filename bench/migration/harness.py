@@ -16,8 +16,8 @@ from typing import Protocol
 import grpc
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, ClusterSpec, Process
-from pdserve.netns import LinkShaping
+from pdserve.local.cluster import Cluster, ClusterSpec, Process
+from pdserve.local.netns import LinkShaping
 from pdserve.v1 import common_pb2, decode_pb2_grpc
 
 FIRST_ORDINARY_TOKEN = 100  # clear of the special tokens at the start of the vocabulary
@@ -86,7 +86,7 @@ def running_cluster(
     )
     log_dir = None if args.log_dir is None else args.log_dir / name
     if args.netns:
-        from pdserve.pod_cluster import PodCluster  # dnslib: only under --netns
+        from pdserve.local.pods import PodCluster  # dnslib: only under --netns
 
         with PodCluster(spec, LinkShaping(rate=args.link_rate), log_dir) as pods:
             yield pods

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 
 from ..integration.conftest import start_cluster
 from ..integration.helpers import load, wait_all_blocks_free

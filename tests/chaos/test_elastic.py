@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams
-from pdserve.netns import NETNS_ETC
+from pdserve.local.netns import NETNS_ETC
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 from .netns_up import NetnsUp, link_exists, namespaces, pod_pids, received_bytes, require_netns

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 
 from ..integration.conftest import start_cluster
 from ..integration.helpers import labelled_metric, load

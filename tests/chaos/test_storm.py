@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerateResponse, GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 from pdserve.v1.common_pb2 import FinishReason
 
 from ..integration.conftest import start_cluster

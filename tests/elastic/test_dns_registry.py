@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from dnslib import QTYPE, RCODE, DNSRecord
 
-from pdserve.dns_registry import DnsRegistry, tier_name
+from pdserve.local.dns_registry import DnsRegistry, tier_name
 
 
 @pytest.fixture

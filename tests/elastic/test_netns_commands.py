@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.netns import (
+from pdserve.local.netns import (
     LinkShaping,
     NetnsError,
     PodNetwork,

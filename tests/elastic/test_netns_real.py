@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdserve.dns_registry import DnsRegistry, tier_name
-from pdserve.netns import LinkShaping, Pod, PodNetwork, choose_subnet, host_routes
+from pdserve.local.dns_registry import DnsRegistry, tier_name
+from pdserve.local.netns import LinkShaping, Pod, PodNetwork, choose_subnet, host_routes
 
 from ..chaos.netns_up import link_exists, namespaces, require_netns
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from pdserve.cluster import Process, router_healthy_workers, wait_router_sees
+from pdserve.local.cluster import Process, router_healthy_workers, wait_router_sees
 
 
 def _free_port() -> int:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from pdserve.cli import main
-from pdserve.cluster_status import ClusterStatus, Departure, MemberView, ScaleError
-from pdserve.scale_control import ControlServer, NoClusterError, parse_request, request_scale
+from pdserve.local.scale_control import ControlServer, NoClusterError, parse_request, request_scale
+from pdserve.local.status import ClusterStatus, Departure, MemberView, ScaleError
 
 
 def _unused_port() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.cluster import Cluster, ClusterSpec, ClusterTls
+from pdserve.local.cluster import Cluster, ClusterSpec, ClusterTls
 
 # Small pools keep five processes within the CI machine's memory.
 WORKER_ARGS = ("--num-kv-blocks", "256", "--num-swap-blocks", "64")

@@ -9,7 +9,7 @@ import urllib.request
 import grpc
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, Process
+from pdserve.local.cluster import Cluster, Process
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 
 from .conftest import WORKER_ARGS, start_cluster
 from .helpers import greedy_outputs, labelled_metric, metric, wait_all_blocks_free

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.kv.cache import KVLayout
+from pdserve.local.cluster import Cluster
 from tests.conftest import SHARED_MAX_TOKENS
 
 from .conftest import start_cluster

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, Process
+from pdserve.local.cluster import Cluster, Process
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 
 from .conftest import start_cluster
 from .helpers import labelled_metric

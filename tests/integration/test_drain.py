@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Process
+from pdserve.local.cluster import Process
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
 from .conftest import start_cluster

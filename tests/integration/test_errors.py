@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 from pdserve.v1 import common_pb2, generation_pb2, prefill_pb2, prefill_pb2_grpc
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.kv.cache import KVLayout
+from pdserve.local.cluster import Cluster
 
 from .helpers import cancel_stream_after, metric, wait_all_blocks_free
 

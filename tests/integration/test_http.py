@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 
 from .helpers import wait_all_blocks_free
 

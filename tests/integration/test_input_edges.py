@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 from pdserve.v1 import generation_pb2
 
 from .conftest import WORKER_ARGS

@@ -19,10 +19,10 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
 from pdserve.core.kv.cache import KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams as OfflineParams
+from pdserve.local.cluster import Cluster
 from tests.conftest import SHARED_MAX_TOKENS
 
 from .conftest import WORKER_ARGS, start_cluster

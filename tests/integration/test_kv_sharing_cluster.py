@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 from tests.conftest import SHARED_MAX_TOKENS
 
 from .conftest import start_cluster

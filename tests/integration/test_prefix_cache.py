@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 from tests.conftest import SHARED_MAX_TOKENS
 
 from .helpers import cancel_while_sharing, metric, wait_all_blocks_free

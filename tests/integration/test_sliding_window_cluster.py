@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.cluster import Cluster
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.kv.cache import KVLayout
 from pdserve.core.kv.sliding_window import first_live_block
+from pdserve.local.cluster import Cluster
 from tests.conftest import WINDOW, WINDOW_MAX_TOKENS
 
 from .conftest import start_cluster

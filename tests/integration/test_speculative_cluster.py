@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster
+from pdserve.local.cluster import Cluster
 from tests.conftest import transformers_greedy
 
 from .conftest import start_cluster

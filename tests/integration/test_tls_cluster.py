@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.cluster import Cluster, ClusterTls
+from pdserve.local.cluster import Cluster, ClusterTls
 from pdserve.v1 import common_pb2, prefill_pb2_grpc
 
 from ..security.certs import Authority, Issued, issue, make_ca

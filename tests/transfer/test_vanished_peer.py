@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from ucx_peers import LAYOUT, TRANSPORTS, Peer
 
-from pdserve.netns import PodNetwork, choose_subnet, host_routes
+from pdserve.local.netns import PodNetwork, choose_subnet, host_routes
 
 from ..chaos.netns_up import require_netns
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.core.kv.cache import KVLayout
-from pdserve.netns import POD_INTERFACE, Pod
+from pdserve.local.netns import POD_INTERFACE, Pod
 
 POLL_INTERVAL_S = 0.001
 # 4 layers x 3 heads x 64 dims x 16 tokens x float32: 96 KiB a block, above UCX's rendezvous

@@ -13,8 +13,8 @@ import json
 import sys
 from dataclasses import asdict
 
-from pdserve.cluster_status import ClusterStatus, ScaleError
-from pdserve.scale_control import NoClusterError, request_scale
+from pdserve.local.scale_control import NoClusterError, request_scale
+from pdserve.local.status import ClusterStatus, ScaleError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.cluster import (
+from pdserve.local.cluster import (
     ClusterSpec,
     Launch,
     Process,
@@ -41,9 +41,8 @@ from pdserve.cluster import (
     stop_processes,
     wait_router_sees,
 )
-from pdserve.cluster_status import ClusterStatus, Departure, MemberView, ScaleError
-from pdserve.dns_registry import DnsRegistry, tier_name
-from pdserve.netns import (
+from pdserve.local.dns_registry import DnsRegistry, tier_name
+from pdserve.local.netns import (
     NO_SHAPING,
     LinkShaping,
     NetnsError,
@@ -53,6 +52,7 @@ from pdserve.netns import (
     host_routes,
     remove_stale,
 )
+from pdserve.local.status import ClusterStatus, Departure, MemberView, ScaleError
 
 log = logging.getLogger(__name__)
 

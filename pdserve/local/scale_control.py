@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from pdserve.cluster_status import ClusterStatus, Departure, MemberView, ScaleError
+from pdserve.local.status import ClusterStatus, Departure, MemberView, ScaleError
 
 log = logging.getLogger(__name__)
 

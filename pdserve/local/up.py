@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pdserve.cluster import Cluster, ClusterSpec
 from pdserve.core.config import SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
-from pdserve.netns import LinkShaping, link_delay, link_rate
+from pdserve.local.cluster import Cluster, ClusterSpec
+from pdserve.local.netns import LinkShaping, link_delay, link_rate
 from pdserve.router.placement.prefill_place import PlacementMode
 from pdserve.router.placement.worker_choice import RoutingPolicy
 
 if TYPE_CHECKING:
-    from pdserve.cluster_status import ClusterStatus
-    from pdserve.pod_cluster import PodCluster
+    from pdserve.local.pods import PodCluster
+    from pdserve.local.status import ClusterStatus
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -199,8 +199,8 @@ def _serve_pods(
     spec: ClusterSpec, shaping: LinkShaping, args: argparse.Namespace, stop: threading.Event
 ) -> int:
     """`pdserve up --netns`: the pods, their DNS and the scale endpoint, until Ctrl-C."""
-    from pdserve.pod_cluster import PodCluster  # dnslib: only under --netns
-    from pdserve.scale_control import ControlServer
+    from pdserve.local.pods import PodCluster  # dnslib: only under --netns
+    from pdserve.local.scale_control import ControlServer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
