@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -64,6 +64,10 @@ class EngineStats:
 
 
 class LLMEngine:
+    # Whether the router may move this engine's streams to another worker once this one drains
+    # (live migration needs a decode worker's KV sender); a lent prefill worker's may not.
+    streams_move_on_drain: ClassVar[bool] = False
+
     def __init__(
         self,
         model_dir: Path,

@@ -40,19 +40,33 @@ what the router's adaptive placement and the planner's simulator read.
 
 from __future__ import annotations
 
-import argparse
 import enum
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from pdserve.core.config import EngineConfig
-from pdserve.costmodel.profile import Profile, load_profile
+from pdserve.costmodel.profile import Profile
 from pdserve.costmodel.step_shape import StepShape
 
-if TYPE_CHECKING:  # the router imports this module and runs without torch, which Request needs
-    from pdserve.core.request import Request
+
+class _Limits(Protocol):
+    @property
+    def max_tokens(self) -> int: ...
+
+
+class RunningStream(Protocol):
+    """What the budget reads of a running request (core's `Request`; the simulator's too)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def params(self) -> _Limits: ...
+
 
 # Prompt tokens a step may always take (one KV block at the default block size): progress for
 # prompts on a worker whose decodes alone already use the SLO.
@@ -114,11 +128,11 @@ class WorkerStepBudget:
         self._clock = clock
         self._first_decode: dict[str, tuple[float, int]] = {}  # request id -> (when, tokens)
 
-    def for_step(self, decodes: Sequence[Request]) -> SloPrefillLimit:
+    def for_step(self, decodes: Sequence[RunningStream]) -> SloPrefillLimit:
         shape = StepShape.decodes(len(decodes), sum(r.num_tokens for r in decodes))
         return SloPrefillLimit(self.costs, shape, self._cap(decodes, shape))
 
-    def _cap(self, decodes: Sequence[Request], shape: StepShape) -> float | None:
+    def _cap(self, decodes: Sequence[RunningStream], shape: StepShape) -> float | None:
         slo = self.costs.itl_slo_s
         if slo is None or self.costs.itl_mode is ItlMode.STEP:
             return slo
@@ -135,7 +149,7 @@ class WorkerStepBudget:
         # left prompts 16 tokens a step (TTFT p99 6.2-6.7 s against colocated's 1.6 on chat).
         return max(min(caps, default=slo), slo)
 
-    def _remember(self, decodes: Sequence[Request], now: float) -> None:
+    def _remember(self, decodes: Sequence[RunningStream], now: float) -> None:
         """Keeps the step's decodes only: a stream out of the batch (finished, preempted)
         starts afresh if it comes back."""
         known = self._first_decode
@@ -173,17 +187,3 @@ class SloPrefillLimit:
 
     def _fits(self, start: int, num_new: int, slo: float) -> bool:
         return self.costs.seconds(self.shape + StepShape.prompt_chunk(start, num_new)) <= slo
-
-
-def worker_step_costs(args: argparse.Namespace, config: EngineConfig) -> StepCosts | None:
-    """A worker's step budget from its flags (`--itl-slo`, `--profile`); None when off."""
-    if args.itl_slo is None:
-        return None
-    if args.profile is None:
-        raise ValueError("--itl-slo: needs --profile (the cost model that prices a step)")
-    return StepCosts(
-        load_profile(args.profile),
-        config.max_num_batched_tokens,
-        args.itl_slo,
-        ItlMode(args.itl_slo_mode),
-    )

@@ -95,6 +95,8 @@ class _Reservation:
 
 
 class DecodeEngine(LLMEngine):
+    streams_move_on_drain = True
+
     def __init__(
         self,
         model_dir: Path,

@@ -1,30 +1,20 @@
-"""Prometheus metrics of the decode tier (names are in docs/contract.md and the Helm chart)."""
+"""Prometheus metrics of the decode tier (names are in docs/contract.md and the Helm chart); the
+streams' own (TTFT, ITL, tokens) are core/serving/stream_metrics.py's, shared with lent prefill
+workers."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Gauge, Histogram
 
 from pdserve.core.serving.cache_metrics import register_prefix_cache_gauges
+from pdserve.core.serving.stream_metrics import LATENCY_BUCKETS
 from pdserve.decode_service.engine import DecodeEngine
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-TIME_TO_FIRST_TOKEN = Histogram(
-    "pdserve_decode_time_to_first_token_seconds",
-    "Decode.Generate called -> first token sent (mostly waiting for the KV)",
-    buckets=LATENCY_BUCKETS,
-)
-INTER_TOKEN_LATENCY = Histogram(
-    "pdserve_decode_inter_token_latency_seconds",
-    "Time between consecutive tokens of one request",
-    buckets=LATENCY_BUCKETS,
-)
 QUEUE_TIME = Histogram(
     "pdserve_decode_queue_seconds",
     "Decode.Reserve called -> blocks reserved",
     buckets=LATENCY_BUCKETS,
 )
-TOKENS = Counter("pdserve_decode_generated_tokens_total", "Tokens streamed by this worker")
 LIVE_MIGRATION_SECONDS = Histogram(
     "pdserve_decode_live_migration_seconds",
     "Decode.Migrate: a suspended request's KV pushed until the other worker took it all",
@@ -97,9 +87,3 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
         "pdserve_decode_kv_rejected_messages",
         "KV messages refused since start for a missing or wrong transfer token",
     ).set_function(lambda: getattr(receiver, "rejected_messages", 0))
-
-
-LOCAL_PREFILLS = Counter(
-    "pdserve_decode_local_prefills",
-    "Requests whose prompt this decode worker prefilled itself (GenerateLocal: colocated path)",
-)

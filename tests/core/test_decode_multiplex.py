@@ -1,4 +1,4 @@
-"""Decode.Multiplex on the real decode servicer over a real engine (the default model, on its
+"""Decode.Multiplex on the real stream servicer over a real engine (the default model, on its
 engine thread, served by grpc.aio on 127.0.0.1): one message per engine step carries the new
 tokens of every request of the stream; the tokens, text and usage equal those of each request's
 own GenerateLocal stream; a start error and a cancel end their request only; nothing stays held.
@@ -19,8 +19,8 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.server import ServiceHost
+from pdserve.core.serving.stream_servicer import StreamServicer
 from pdserve.core.serving.tier_runtime import TierRuntime
-from pdserve.decode_service.servicer import DecodeServicer
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
 NUM_REQUESTS = 8
@@ -46,7 +46,7 @@ async def _serve(engine: LLMEngine) -> tuple[grpc.aio.Server, str, EngineLoop]:
     loop.start()
     runtime.loop = loop
     server = grpc.aio.server()
-    decode_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(runtime), server)
+    decode_pb2_grpc.add_DecodeServicer_to_server(StreamServicer(runtime), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}", loop

@@ -24,11 +24,11 @@ import grpc
 
 from pdserve.core.errors import RequestSuspended
 from pdserve.core.outputs import TokenDelta
+from pdserve.core.serving import stream_metrics as metrics
 from pdserve.core.serving.grpc_errors import status_code_for
 from pdserve.core.serving.proto_convert import finish_reason_to_proto
+from pdserve.core.serving.request_start import RequestStart, StartTransferred, local_start
 from pdserve.core.serving.tier_runtime import TierRuntime, abort_and_unsubscribe
-from pdserve.decode_service import metrics
-from pdserve.decode_service.request_start import RequestStart, local_start, transferred_start
 from pdserve.v1 import common_pb2, decode_pb2
 
 Item: TypeAlias = "tuple[str, TokenDelta | BaseException]"
@@ -71,8 +71,9 @@ class _Group:
 class MultiplexStream:
     """One router's Multiplex call on this worker."""
 
-    def __init__(self, runtime: TierRuntime) -> None:
+    def __init__(self, runtime: TierRuntime, start_transferred: StartTransferred) -> None:
         self.runtime = runtime
+        self.start_transferred = start_transferred
         self.outbox: asyncio.Queue[list[Item]] = asyncio.Queue()
         self.group = _Group(self.outbox)
         self.runs: dict[str, _Run] = {}
@@ -115,7 +116,7 @@ class MultiplexStream:
                 self._cancel(command.cancel)
             elif kind == "generate":
                 generate = command.generate
-                prepare = functools.partial(transferred_start, self.runtime, generate)
+                prepare = functools.partial(self.start_transferred, self.runtime, generate)
                 self._start(generate.request_id, prepare)
             elif kind == "generate_local":
                 local = command.generate_local

@@ -1,0 +1,57 @@
+"""How a worker starts a Decode request, whichever stream carries its deltas: its own Generate /
+GenerateLocal call, or the router's Multiplex stream (one preparation, two relays).
+
+Any worker starts a local request (GenerateLocal: prefilled and decoded here; a prefill worker
+runs these when the router lends it streams). A transferred one (Generate: prefill's first token
+for a reservation made earlier) needs a decode worker, which passes its own `StartTransferred`;
+elsewhere it is refused (FAILED_PRECONDITION).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from pdserve.core.engine import LLMEngine
+from pdserve.core.errors import NotServedHereError
+from pdserve.core.serving import stream_metrics
+from pdserve.core.serving.sampling_proto import sampling_from_proto
+from pdserve.core.serving.tier_runtime import TierRuntime
+from pdserve.v1 import common_pb2, decode_pb2
+
+
+@dataclass(frozen=True)
+class RequestStart:
+    # Tokens counted before this stream (the prompt, a migration's resumed output); a
+    # transferred request's are known once `start` has run.
+    usage: common_pb2.Usage
+    start: Callable[[], None]  # runs on the engine thread
+    movable: bool  # once this worker drains, the router may move the request elsewhere
+
+
+StartTransferred: TypeAlias = Callable[[TierRuntime, decode_pb2.DecodeRequest], RequestStart]
+
+
+def local_start(runtime: TierRuntime, request: decode_pb2.GenerateLocalRequest) -> RequestStart:
+    """Decode.GenerateLocal's request. Raises what the call ends with (validation, not
+    accepting)."""
+    runtime.check_accepting()
+    params = sampling_from_proto(request.sampling, request.priority)
+    engine = runtime.engine(LLMEngine)
+    prompt = list(request.prompt_token_ids)
+    resumed = list(request.resumed_output_token_ids)
+    usage = common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed))
+
+    def start() -> None:
+        engine.add_local(request.request_id, prompt, params, resumed)
+
+    stream_metrics.LOCAL_PREFILLS.inc()
+    return RequestStart(usage, start, movable=engine.streams_move_on_drain)
+
+
+def refuse_transferred(runtime: TierRuntime, request: decode_pb2.DecodeRequest) -> RequestStart:
+    """A worker without reservations (a lent prefill worker) has no KV to continue from."""
+    raise NotServedHereError(
+        f"request_id: {request.request_id!r}: Decode.Generate needs a decode worker's reservation"
+    )
