@@ -1,16 +1,17 @@
 """`pdserve bench NAME`: every benchmark's one door.
 
-Each module defines `add_arguments(parser)` and `run(args) -> int`. The families are packages:
-offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving), migration/
-(moving streams between decode workers), peers/ (side by side with llama.cpp), router/ (the
-router's relay capacity), sjf/ (scheduling policies), micro/ (one mechanism each).
+Each module defines `add_arguments(parser)` and `run(args) -> int`, and only the chosen one is
+imported (pdserve/commands.py: `--help` loads no benchmark, hence no torch). The families are
+packages: offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving),
+migration/ (moving streams between decode workers), peers/ (side by side with llama.cpp), router/
+(the router's relay capacity), sjf/ (scheduling policies), micro/ (one mechanism each).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-from typing import Protocol, cast
+
+from pdserve.commands import CommandGroup
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "offline": ("pdserve.bench.offline.cli", "offline throughput of the engine core"),
@@ -65,24 +66,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }
 
 
-class Benchmark(Protocol):
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
-
-    def run(self, args: argparse.Namespace) -> int: ...
-
-
-def _load(name: str) -> Benchmark:
-    return cast(Benchmark, importlib.import_module(BENCHMARKS[name][0]))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Imports every benchmark module (a few seconds: torch) to build their parsers."""
-    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for name, (_, help_text) in BENCHMARKS.items():
-        _load(name).add_arguments(
-            benchmarks.add_parser(name, help=help_text, description=help_text)
-        )
+GROUP = CommandGroup("benchmark", BENCHMARKS)
 
 
 def run(args: argparse.Namespace) -> int:
-    return _load(args.benchmark).run(args)
+    return GROUP.load(args.benchmark).run(args)

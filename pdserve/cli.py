@@ -1,15 +1,15 @@
 """The `pdserve` command: one subcommand per module, imported only when it runs.
 
-Each subcommand module defines `add_arguments(parser)` and `run(args) -> int`. Importing lazily
-keeps `pdserve generate` (a gRPC client) from paying for torch at start-up.
+Each subcommand module defines `add_arguments(parser)` and `run(args) -> int` (commands.py);
+`pdserve bench` is a table of its own.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from typing import Protocol, cast
+
+from pdserve.commands import CommandGroup
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model": ("pdserve.core.model.cli", "prepare or inspect a model folder"),
@@ -28,31 +28,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class Subcommand(Protocol):
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
-
-    def run(self, args: argparse.Namespace) -> int: ...
-
-
-def _load(name: str) -> Subcommand:
-    return cast(Subcommand, importlib.import_module(SUBCOMMANDS[name][0]))
+COMMANDS = CommandGroup("command", SUBCOMMANDS)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (_, help_text) in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=help_text)
-        if name == chosen:  # only the chosen subcommand's module is imported
-            _load(name).add_arguments(sub)
+    COMMANDS.add_to(parser, argv)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    return _load(args.command).run(args)
+    return COMMANDS.load(args.command).run(args)
 
 
 if __name__ == "__main__":

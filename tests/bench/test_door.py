@@ -48,3 +48,17 @@ def test_no_benchmark_module_is_run_as_a_script() -> None:
         source = importlib.import_module(info.name).__loader__.get_source(info.name)  # type: ignore[union-attr]
         assert source is not None
         assert 'if __name__ == "__main__"' not in source, info.name
+
+
+def test_the_door_imports_no_benchmark_until_one_is_chosen() -> None:
+    """`pdserve bench --help` builds every name's parser without importing their modules (torch
+    among them); choosing one imports that one."""
+    probe = (
+        "import sys; from pdserve.cli import build_parser; build_parser(['bench']); "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('pdserve.bench.')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['pdserve.bench.cli']"
