@@ -185,6 +185,34 @@ class LLMEngine:
     def _new_detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, params.stop)
 
+    # -- hooks for the tier engines (PrefillEngine, DecodeEngine) -------------------------------
+
+    def _checked_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        resumed_output: Sequence[int],
+    ) -> Request:
+        """One request, validated as `add_request` validates one (its prompt, what fits the
+        context and the pool, the resumed output), neither tracked nor scheduled yet."""
+        token_ids = self._prompt_token_ids(prompt_token_ids)
+        self._check_fits(len(token_ids), params.max_tokens)
+        resumed = self._resumed_output(resumed_output, params)
+        request = Request(request_id, token_ids, params, next(self._arrivals), time.monotonic())
+        request.output_token_ids = resumed
+        return request
+
+    def _track(self, request: Request) -> None:
+        """The request is this engine's from now on: known by its id, its text detokenized."""
+        self.requests[request.request_id] = request
+        self._detokenizers[request.request_id] = self._new_detokenizer(request.params)
+
+    def _forget(self, request_id: str) -> None:
+        """Drops what `_track` kept (the request's blocks are the caller's business)."""
+        self.requests.pop(request_id, None)
+        self._detokenizers.pop(request_id, None)
+
     def abort(self, request_id: str) -> None:
         """Finishes a request (all n samples of it) as aborted and frees its blocks (unknown ids
         are ignored)."""
@@ -361,17 +389,18 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         scheduler, kv_manager = self.scheduler, self.scheduler.kv_manager
+        usage = kv_manager.usage()
         return EngineStats(
             num_waiting=len(scheduler.waiting),
             num_running=len(scheduler.running),
             num_swapped=len(scheduler.swapped),
-            num_free_blocks=kv_manager.block_pool.num_free,
-            num_total_blocks=kv_manager.block_pool.num_blocks,
-            num_free_swap_blocks=kv_manager.swap_pool.num_free,
+            num_free_blocks=usage.num_free_blocks,
+            num_total_blocks=usage.num_blocks,
+            num_free_swap_blocks=usage.num_free_swap_blocks,
             num_preemptions=scheduler.num_preemptions,
             num_swaps_out=scheduler.num_swaps_out,
-            num_cached_blocks=kv_manager.block_pool.num_cached_blocks,
-            num_cache_evictions=kv_manager.block_pool.num_evictions,
+            num_cached_blocks=usage.num_cached_blocks,
+            num_cache_evictions=usage.num_evictions,
             num_prefix_query_tokens=kv_manager.num_prefix_query_tokens,
             num_prefix_hit_tokens=kv_manager.num_prefix_hit_tokens,
             num_drafted_tokens=self.speculator.num_drafted_tokens if self.speculator else 0,

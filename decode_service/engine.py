@@ -134,9 +134,8 @@ class DecodeEngine(LLMEngine):
         The KV expected is that of the prompt and `resumed_output` (a migration, see `resume`);
         with `live_migration` the first token `start` brings was streamed already too."""
         self._check_new(request_id)
-        token_ids = self._prompt_token_ids(prompt_token_ids)
-        self._check_fits(len(token_ids), params.max_tokens)
-        resumed = self._resumed_output(resumed_output, params)
+        request = self._checked_request(request_id, prompt_token_ids, params, resumed_output)
+        resumed = request.output_token_ids
         if live_migration and len(resumed) + 1 >= params.max_tokens:
             raise InvalidRequestError(
                 "resumed_output_token_ids",
@@ -145,8 +144,6 @@ class DecodeEngine(LLMEngine):
             )
         if len(self._queued) >= self.limits.max_pending_reservations:
             raise QueueFullError("decode: the reservation queue is full")
-        request = Request(request_id, token_ids, params, next(self._arrivals), time.monotonic())
-        request.output_token_ids = resumed
         reservation = _Reservation(
             request, concurrent.futures.Future(), time.monotonic(), live=live_migration
         )
@@ -204,7 +201,7 @@ class DecodeEngine(LLMEngine):
             self.receiver.cancel(request_id)
             self.scheduler.kv_manager.free_for_recompute(reservation.request)
             reservation.request.status = RequestStatus.FINISHED_ABORTED
-            self._detokenizers.pop(request_id, None)
+            self._forget(request_id)
             return
         super().abort(request_id)
 
@@ -284,8 +281,7 @@ class DecodeEngine(LLMEngine):
         del self._reserved[request.request_id]
         self.receiver.cancel(request.request_id)  # forgets the finished transfer
         self._queued.kv_landed(request)
-        self.requests[request.request_id] = request
-        self._detokenizers[request.request_id] = self._new_detokenizer(request.params)
+        self._track(request)
         # Same seed, same tokens as a single-process run: prefill drew the first token's noise
         # (and a migrated request's resumed output was sampled before that).
         resumed = request.output_token_ids
@@ -338,7 +334,7 @@ class DecodeEngine(LLMEngine):
         self.scheduler.detach(request)
         if not kv_ready:
             self.scheduler.kv_manager.free_for_recompute(request)
-        del self.requests[request_id], self._detokenizers[request_id]
+        self._forget(request_id)
         self.outgoing.hold(request, kv_ready)
         self._outbox.append((request_id, RequestSuspended(request_id)))
         return Suspension.KV_READY if kv_ready else Suspension.KV_FREED

@@ -26,7 +26,6 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
     """Gauges read at scrape time (plain int reads of engine state; a scrape never blocks it)."""
     register_prefix_cache_gauges("decode", engine)
     kv_manager = engine.scheduler.kv_manager
-    pool, swap_pool = kv_manager.block_pool, kv_manager.swap_pool
     receiver = engine.receiver
     speculator = engine.speculator
     Gauge("pdserve_decode_waiting_requests", "Reserved or queued, not yet decoding").set_function(
@@ -39,11 +38,13 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
         lambda: len(engine.scheduler.swapped)
     )
     Gauge("pdserve_decode_kv_usage", "Share of KV blocks in use (0..1)").set_function(
-        lambda: pool.num_used / max(pool.num_blocks, 1)
+        lambda: kv_manager.usage().fraction_used
     )
-    Gauge("pdserve_decode_kv_free_blocks", "Free KV blocks").set_function(lambda: pool.num_free)
+    Gauge("pdserve_decode_kv_free_blocks", "Free KV blocks").set_function(
+        lambda: kv_manager.usage().num_free_blocks
+    )
     Gauge("pdserve_decode_swap_used_blocks", "CPU swap blocks in use").set_function(
-        lambda: swap_pool.num_used
+        lambda: kv_manager.usage().num_used_swap_blocks
     )
     Gauge("pdserve_decode_preemptions", "Preemptions since start").set_function(
         lambda: engine.scheduler.num_preemptions

@@ -184,10 +184,10 @@ class SimWorker:
 
     def load(self) -> tuple[int, int, float]:
         """The router's least-loaded key: (queued, running, KV fraction in use)."""
-        pool = self.kv_manager.block_pool
+        usage = self.kv_manager.usage()
         queued = len(self._reservations) + len(self._reserved) + len(self.scheduler.waiting)
         running = len(self.scheduler.running) + len(self.scheduler.swapped)
-        return queued, running, pool.num_used / pool.num_blocks
+        return queued, running, usage.fraction_used
 
     # -- the loop -------------------------------------------------------------------------
 

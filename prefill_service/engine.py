@@ -185,7 +185,7 @@ class PrefillEngine(LLMEngine):
         sampled_at = time.monotonic()
         sending = job.finish()
         self.scheduler.finish(request, RequestStatus.FINISHED_LENGTH)
-        del self.requests[request.request_id], self._detokenizers[request.request_id]
+        self._forget(request.request_id)
         queue_seconds = (request.first_scheduled_time or sampled_at) - job.submitted
         sending.add_done_callback(
             lambda done: _resolve(job, token, done, queue_seconds, sampled_at - job.submitted)

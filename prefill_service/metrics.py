@@ -26,12 +26,12 @@ PROMPT_TOKENS = Counter("pdserve_prefill_prompt_tokens_total", "Prompt tokens pr
 def register_engine_gauges(engine: PrefillEngine) -> None:
     """Gauges read at scrape time (plain reads of engine state; a scrape never blocks it)."""
     register_prefix_cache_gauges("prefill", engine)
-    pool = engine.scheduler.kv_manager.block_pool
+    kv_manager = engine.scheduler.kv_manager
     Gauge("pdserve_prefill_queue_depth", "Prompts accepted and not yet shipped").set_function(
         engine.queue_depth
     )
     Gauge("pdserve_prefill_kv_usage", "Share of KV blocks in use (0..1)").set_function(
-        lambda: pool.num_used / max(pool.num_blocks, 1)
+        lambda: kv_manager.usage().fraction_used
     )
     Gauge("pdserve_prefill_kv_sent_bytes", "KV bytes sent over UCX").set_function(
         lambda: getattr(engine.sender, "bytes_sent", 0)

@@ -58,4 +58,4 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
             engine = self.runtime.engine(PrefillEngine)
-            return load_to_proto(engine.load(), engine.scheduler.kv_manager.block_pool)
+            return load_to_proto(engine.load())

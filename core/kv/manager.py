@@ -27,6 +27,8 @@ its hits the same way: `num_prefix_query_tokens` are the tokens of requests that
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pdserve.core.config import EngineConfig
 from pdserve.core.kv.block_pool import BlockHash, BlockPool, blocks_for, chain_hashes
 from pdserve.core.kv.sliding_window import (
@@ -38,6 +40,26 @@ from pdserve.core.kv.sliding_window import (
 from pdserve.core.request import Request
 
 BlockPair = tuple[int, int]  # (source block, destination block) of one copy
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """The pools' counts as one snapshot: what load reports, stats and gauges read."""
+
+    num_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int  # holding a reusable prefix
+    num_evictions: int  # cached blocks reused for other KV
+    num_swap_blocks: int
+    num_free_swap_blocks: int
+
+    @property
+    def fraction_used(self) -> float:
+        return (self.num_blocks - self.num_free_blocks) / max(self.num_blocks, 1)
+
+    @property
+    def num_used_swap_blocks(self) -> int:
+        return self.num_swap_blocks - self.num_free_swap_blocks
 
 
 class KVCacheManager:
@@ -54,6 +76,17 @@ class KVCacheManager:
         self.num_prefix_hit_tokens = 0
         self.num_reused_blocks = 0  # prompt blocks reservations found cached: they never traveled
         self.num_window_freed_blocks = 0  # blocks `slide` gave back: out of every future window
+
+    def usage(self) -> KVUsage:
+        pool = self.block_pool
+        return KVUsage(
+            num_blocks=pool.num_blocks,
+            num_free_blocks=pool.num_free,
+            num_cached_blocks=pool.num_cached_blocks,
+            num_evictions=pool.num_evictions,
+            num_swap_blocks=self.swap_pool.num_blocks,
+            num_free_swap_blocks=self.swap_pool.num_free,
+        )
 
     # -- prefix cache ------------------------------------------------------------------------
 

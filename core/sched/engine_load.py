@@ -17,17 +17,22 @@ class EngineLoad:
     num_running: int  # in the batch, or swapped out of it
     num_context_tokens: int  # context (prompt + output so far) of the running batch
     num_pending_prompt_tokens: int  # prompt tokens accepted and not yet computed
+    num_free_blocks: int
+    num_total_blocks: int
 
 
 def load_of(scheduler: Scheduler) -> EngineLoad:
     """Read from the serving thread while the engine thread steps: copies of the queues first,
     so each count sees one consistent list (a count may be one step stale)."""
     waiting, running = list(scheduler.waiting), list(scheduler.running)
+    usage = scheduler.kv_manager.usage()
     return EngineLoad(
         num_waiting=len(waiting),
         num_running=len(running) + len(scheduler.swapped),
         num_context_tokens=sum(r.num_tokens for r in running),
         num_pending_prompt_tokens=_prompt_left(waiting) + _prompt_left(running),
+        num_free_blocks=usage.num_free_blocks,
+        num_total_blocks=usage.num_blocks,
     )
 
 

@@ -9,9 +9,8 @@ from pdserve.core.engine import LLMEngine
 
 
 def register_prefix_cache_gauges(tier: str, engine: LLMEngine) -> None:
-    """Gauges read at scrape time: plain int reads of the KV-cache manager and its block pool."""
+    """Gauges read at scrape time: plain int reads of the KV-cache manager."""
     kv_manager = engine.scheduler.kv_manager
-    pool = kv_manager.block_pool
     prefix = f"pdserve_{tier}_prefix_cache"
     Gauge(f"{prefix}_hit_rate", "Share of admitted tokens found cached (0..1)").set_function(
         lambda: kv_manager.num_prefix_hit_tokens / max(kv_manager.num_prefix_query_tokens, 1)
@@ -20,10 +19,10 @@ def register_prefix_cache_gauges(tier: str, engine: LLMEngine) -> None:
         lambda: kv_manager.num_prefix_hit_tokens
     )
     Gauge(f"{prefix}_blocks", "Blocks holding a reusable prefix").set_function(
-        lambda: pool.num_cached_blocks
+        lambda: kv_manager.usage().num_cached_blocks
     )
     Gauge(f"{prefix}_evictions", "Cached blocks reused for other KV").set_function(
-        lambda: pool.num_evictions
+        lambda: kv_manager.usage().num_evictions
     )
     Gauge(
         f"pdserve_{tier}_sliding_window_freed_blocks",

@@ -5,7 +5,6 @@ sampling_proto.py (torch-free).
 
 from __future__ import annotations
 
-from pdserve.core.kv.block_pool import BlockPool
 from pdserve.core.kv.cache import KVLayout
 from pdserve.core.outputs import FinishReason
 from pdserve.core.sched.engine_load import EngineLoad
@@ -76,13 +75,13 @@ def descriptor_from_proto(message: common_pb2.TransferDescriptor) -> TransferDes
     )
 
 
-def load_to_proto(load: EngineLoad, pool: BlockPool) -> common_pb2.LoadResponse:
+def load_to_proto(load: EngineLoad) -> common_pb2.LoadResponse:
     """A worker's `Load` answer (both tiers answer the same way)."""
     return common_pb2.LoadResponse(
         num_waiting=load.num_waiting,
         num_running=load.num_running,
-        num_free_blocks=pool.num_free,
-        num_total_blocks=pool.num_blocks,
+        num_free_blocks=load.num_free_blocks,
+        num_total_blocks=load.num_total_blocks,
         num_context_tokens=load.num_context_tokens,
         num_pending_prompt_tokens=load.num_pending_prompt_tokens,
     )
