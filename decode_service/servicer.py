@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 
 from pdserve.core.serving.grpc_errors import grpc_errors
 from pdserve.core.serving.proto_convert import descriptor_from_proto, descriptor_to_proto
-from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.stream_servicer import Context, StreamServicer
 from pdserve.core.serving.tier_runtime import TierRuntime
+from pdserve.core.serving.work_request import work_from_proto
 from pdserve.decode_service import metrics
 from pdserve.decode_service.engine import DecodeEngine, Suspension
 from pdserve.decode_service.transferred_start import transferred_start
@@ -32,14 +32,18 @@ class DecodeServicer(StreamServicer):
         async with grpc_errors(context):
             started = time.monotonic()
             self.runtime.check_accepting()
-            params = sampling_from_proto(request.sampling, request.priority)
+            work = work_from_proto(request.request)
             engine = self.runtime.engine(DecodeEngine)
-            prompt = list(request.prompt_token_ids)
-            resumed = list(request.resumed_output_token_ids)
-            abort = functools.partial(engine.abort, request.request_id)
+            abort = functools.partial(engine.abort, work.request_id)
             live = request.live_migration
             granted = await self.runtime.call(
-                lambda: engine.reserve(request.request_id, prompt, params, resumed, live),
+                lambda: engine.reserve(
+                    work.request_id,
+                    work.prompt_token_ids,
+                    work.params,
+                    work.resumed_output_token_ids,
+                    live,
+                ),
                 undo=abort,
             )
             descriptor = await self.runtime.wait(granted, undo=abort)

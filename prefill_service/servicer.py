@@ -9,8 +9,8 @@ import grpc
 
 from pdserve.core.serving.grpc_errors import grpc_errors
 from pdserve.core.serving.proto_convert import descriptor_from_proto, load_to_proto
-from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
+from pdserve.core.serving.work_request import work_from_proto
 from pdserve.prefill_service import metrics
 from pdserve.prefill_service.engine import PrefillEngine
 from pdserve.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
@@ -27,22 +27,28 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     ) -> prefill_pb2.PrefillResult:
         async with grpc_errors(context):
             self.runtime.check_accepting()
-            params = sampling_from_proto(request.sampling, request.priority)
+            work = work_from_proto(request.request)
             destination = descriptor_from_proto(request.destination)
             engine = self.runtime.engine(PrefillEngine)
-            prompt = list(request.prompt_token_ids)
-            resumed = list(request.resumed_output_token_ids)
             # The caller going away (cancel, deadline) frees this tier's blocks.
-            abort = functools.partial(engine.abort, request.request_id)
+            abort = functools.partial(engine.abort, work.request_id)
             pending = await self.runtime.call(
-                lambda: engine.submit(request.request_id, prompt, params, destination, resumed),
+                lambda: engine.submit(
+                    work.request_id,
+                    work.prompt_token_ids,
+                    work.params,
+                    destination,
+                    work.resumed_output_token_ids,
+                ),
                 undo=abort,
             )
             outcome = await self.runtime.wait(pending, undo=abort)
             metrics.QUEUE_TIME.observe(outcome.queue_seconds)
             metrics.PREFILL_TIME.observe(outcome.prefill_seconds)
             metrics.TRANSFER_TIME.observe(outcome.transfer_seconds)
-            metrics.PROMPT_TOKENS.inc(len(prompt) + len(resumed))
+            metrics.PROMPT_TOKENS.inc(
+                len(work.prompt_token_ids) + len(work.resumed_output_token_ids)
+            )
             return prefill_pb2.PrefillResult(
                 first_token_id=outcome.first_token_id,
                 kv_bytes_sent=outcome.kv_bytes_sent,

@@ -226,13 +226,7 @@ class Dispatcher:
         """Colocated: the decode worker prefills the prompt itself."""
         await self.aborts.settled(decode.address, request.request_id)
         self.registry.decode.acquire(decode)
-        message = decode_pb2.GenerateLocalRequest(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            sampling=request.sampling,
-            priority=request.priority,
-            resumed_output_token_ids=request.resumed_output_token_ids,
-        )
+        message = decode_pb2.GenerateLocalRequest(request=request.to_work())
         clock.on_prefill_sent()
         if self.config.relay is RelayMode.MULTIPLEXED:
             command = decode_pb2.MultiplexCommand(generate_local=message)

@@ -113,11 +113,4 @@ class LiveMigration:
 
 def _reservation(request: ValidatedRequest, streamed: Sequence[int]) -> decode_pb2.ReserveRequest:
     """KV for the prompt and every streamed token but the last, which comes with Generate."""
-    return decode_pb2.ReserveRequest(
-        request_id=request.request_id,
-        prompt_token_ids=request.prompt_token_ids,
-        resumed_output_token_ids=streamed[:-1],
-        sampling=request.sampling,
-        priority=request.priority,
-        live_migration=True,
-    )
+    return decode_pb2.ReserveRequest(request=request.to_work(streamed[:-1]), live_migration=True)

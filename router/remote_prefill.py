@@ -137,13 +137,7 @@ class RemotePrefill:
         deadline: Deadline,
         tried: Collection[str],
     ) -> common_pb2.TransferDescriptor:
-        message = decode_pb2.ReserveRequest(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            resumed_output_token_ids=request.resumed_output_token_ids,
-            sampling=request.sampling,
-            priority=request.priority,
-        )
+        message = decode_pb2.ReserveRequest(request=request.to_work())
         await self.aborts.settled(decode.address, request.request_id)
         try:
             descriptor: common_pb2.TransferDescriptor = await decode.stub.Reserve(
@@ -171,14 +165,7 @@ class RemotePrefill:
         pool = self.registry.prefill
         worker = chosen or pool.pick(avoid=tried, prompt=request.prompt_token_ids)
         tried.add(worker.address)
-        message = prefill_pb2.PrefillRequest(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            resumed_output_token_ids=request.resumed_output_token_ids,
-            sampling=request.sampling,
-            priority=request.priority,
-            destination=destination,
-        )
+        message = prefill_pb2.PrefillRequest(request=request.to_work(), destination=destination)
         pool.acquire(worker)
         try:
             clock.on_prefill_sent()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -68,6 +69,22 @@ class ValidatedRequest:
     # A migration's run: the output already streamed to the client, which the next worker
     # computes after the prompt and continues from (dispatch.py).
     resumed_output_token_ids: tuple[int, ...] = ()
+
+    def to_work(
+        self, resumed_output_token_ids: Sequence[int] | None = None
+    ) -> common_pb2.WorkRequest:
+        """The request as the workers receive it (Reserve, GenerateLocal, Prefill): the one
+        place the router copies its fields into a message. `resumed_output_token_ids` replaces
+        this run's own (a live migration's reservation leaves the last streamed token out)."""
+        if resumed_output_token_ids is None:
+            resumed_output_token_ids = self.resumed_output_token_ids
+        return common_pb2.WorkRequest(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling=self.sampling,
+            priority=self.priority,
+            resumed_output_token_ids=resumed_output_token_ids,
+        )
 
     @property
     def context_length(self) -> int:

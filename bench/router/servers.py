@@ -59,13 +59,11 @@ class TierStubs:
         self, request_id: str, ids: list[int], sampling: common_pb2.SamplingParams
     ) -> list[int]:
         """What the router does for one request, minus everything else it does."""
-        reserve = decode_pb2.ReserveRequest(
+        work = common_pb2.WorkRequest(
             request_id=request_id, prompt_token_ids=ids, sampling=sampling
         )
-        descriptor = await self.decode.Reserve(reserve)
-        prefill = prefill_pb2.PrefillRequest(
-            request_id=request_id, prompt_token_ids=ids, sampling=sampling, destination=descriptor
-        )
+        descriptor = await self.decode.Reserve(decode_pb2.ReserveRequest(request=work))
+        prefill = prefill_pb2.PrefillRequest(request=work, destination=descriptor)
         result = await self.prefill.Prefill(prefill)
         generate = decode_pb2.DecodeRequest(
             request_id=request_id,

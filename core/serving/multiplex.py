@@ -120,7 +120,9 @@ class MultiplexStream:
                 self._start(generate.request_id, prepare)
             elif kind == "generate_local":
                 local = command.generate_local
-                self._start(local.request_id, functools.partial(local_start, self.runtime, local))
+                self._start(
+                    local.request.request_id, functools.partial(local_start, self.runtime, local)
+                )
         # The router half-closed: it will send nothing more, but its requests run to their end.
 
     def _start(self, request_id: str, prepare: Callable[[], RequestStart]) -> None:

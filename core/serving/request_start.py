@@ -16,8 +16,8 @@ from typing import TypeAlias
 from pdserve.core.engine import LLMEngine
 from pdserve.core.errors import NotServedHereError
 from pdserve.core.serving import stream_metrics
-from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
+from pdserve.core.serving.work_request import work_from_proto
 from pdserve.v1 import common_pb2, decode_pb2
 
 
@@ -37,14 +37,17 @@ def local_start(runtime: TierRuntime, request: decode_pb2.GenerateLocalRequest) 
     """Decode.GenerateLocal's request. Raises what the call ends with (validation, not
     accepting)."""
     runtime.check_accepting()
-    params = sampling_from_proto(request.sampling, request.priority)
+    work = work_from_proto(request.request)
     engine = runtime.engine(LLMEngine)
-    prompt = list(request.prompt_token_ids)
-    resumed = list(request.resumed_output_token_ids)
-    usage = common_pb2.Usage(prompt_tokens=len(prompt), completion_tokens=len(resumed))
+    usage = common_pb2.Usage(
+        prompt_tokens=len(work.prompt_token_ids),
+        completion_tokens=len(work.resumed_output_token_ids),
+    )
 
     def start() -> None:
-        engine.add_local(request.request_id, prompt, params, resumed)
+        engine.add_local(
+            work.request_id, work.prompt_token_ids, work.params, work.resumed_output_token_ids
+        )
 
     stream_metrics.LOCAL_PREFILLS.inc()
     return RequestStart(usage, start, movable=engine.streams_move_on_drain)

@@ -45,7 +45,7 @@ class StreamServicer(decode_pb2_grpc.DecodeServicer):
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         async with grpc_errors(context):
             starting = local_start(self.runtime, request)
-            async for message in self.relay(request.request_id, starting):
+            async for message in self.relay(request.request.request_id, starting):
                 yield message
 
     async def relay(

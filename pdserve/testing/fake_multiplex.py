@@ -24,19 +24,19 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 def planned_deltas(
-    first_token_id: int, reserve: decode_pb2.ReserveRequest
+    first_token_id: int, work: common_pb2.WorkRequest
 ) -> list[decode_pb2.TokenDelta]:
     """A request's deltas, one token each: `first_token_id, 1, 2, ...` up to max_tokens."""
-    resumed = len(reserve.resumed_output_token_ids)  # a migration's
-    max_tokens = reserve.sampling.max_tokens or 16
+    resumed = len(work.resumed_output_token_ids)  # a migration's
+    max_tokens = work.sampling.max_tokens or 16
     tokens = [first_token_id, *range(1, max_tokens - resumed)]
     deltas = [
-        decode_pb2.TokenDelta(request_id=reserve.request_id, token_ids=[token], text=f"<{token}>")
+        decode_pb2.TokenDelta(request_id=work.request_id, token_ids=[token], text=f"<{token}>")
         for token in tokens
     ]
     last = deltas[-1]
     last.finish_reason = common_pb2.FINISH_REASON_LENGTH
-    last.usage.prompt_tokens = len(reserve.prompt_token_ids)
+    last.usage.prompt_tokens = len(work.prompt_token_ids)
     last.usage.completion_tokens = resumed + len(tokens)
     last.timings.decode_seconds = 0.004
     return deltas
@@ -133,8 +133,8 @@ class FakeMultiplex:
             elif kind == "generate_local":
                 local = command.generate_local
                 task = asyncio.create_task(self._generate_local(local))
-                self.starting[local.request_id] = task
-                task.add_done_callback(functools.partial(self._started, local.request_id))
+                self.starting[local.request.request_id] = task
+                task.add_done_callback(functools.partial(self._started, local.request.request_id))
 
     def _started(self, request_id: str, task: asyncio.Task[None]) -> None:
         del self.starting[request_id]
@@ -157,7 +157,9 @@ class FakeMultiplex:
                 request.request_id, grpc.StatusCode.NOT_FOUND, "request_id: no such reservation"
             )
             return
-        self._run(request.request_id, planned_deltas(request.first_token_id, reservation.request))
+        self._run(
+            request.request_id, planned_deltas(request.first_token_id, reservation.request.request)
+        )
 
     async def _generate_local(self, request: decode_pb2.GenerateLocalRequest) -> None:
         """As GenerateLocal: the knobs' failures and delay come before its first token."""
@@ -165,17 +167,11 @@ class FakeMultiplex:
         knobs = self.decode.knobs
         if knobs.failures:
             failure = knobs.failures.pop(0)
-            self._fail(request.request_id, failure.code, failure.message)
+            self._fail(request.request.request_id, failure.code, failure.message)
             return
         if knobs.delay_seconds:
             await asyncio.sleep(knobs.delay_seconds)
-        reserve = decode_pb2.ReserveRequest(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            sampling=request.sampling,
-            resumed_output_token_ids=request.resumed_output_token_ids,
-        )
-        self._run(request.request_id, planned_deltas(0, reserve))
+        self._run(request.request.request_id, planned_deltas(0, request.request))
 
     def _run(self, request_id: str, deltas: list[decode_pb2.TokenDelta]) -> None:
         self.runs[request_id] = deltas

@@ -64,10 +64,10 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):  # type: ignore[misc, unuse
     ) -> prefill_pb2.PrefillResult:
         self.calls.append(request)
         self.time_remaining.append(context.time_remaining())
-        await _fail_or_wait(self.knobs, context, self.cancelled, request.request_id)
+        await _fail_or_wait(self.knobs, context, self.cancelled, request.request.request_id)
         return prefill_pb2.PrefillResult(
             first_token_id=FIRST_TOKEN_ID,
-            kv_bytes_sent=len(request.prompt_token_ids) * 1024,
+            kv_bytes_sent=len(request.request.prompt_token_ids) * 1024,
             timings=prefill_pb2.PrefillTimings(
                 queue_seconds=0.001, prefill_seconds=0.002, transfer_seconds=0.003
             ),
@@ -101,15 +101,16 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
         self, request: decode_pb2.ReserveRequest, context: Context
     ) -> common_pb2.TransferDescriptor:
         self.reserves.append(request)
-        await _fail_or_wait(self.knobs, context, self.cancelled, request.request_id)
-        if request.request_id in self.reservations:
+        work = request.request
+        await _fail_or_wait(self.knobs, context, self.cancelled, work.request_id)
+        if work.request_id in self.reservations:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "request_id: already reserved")
         token = secrets.token_bytes(16)
-        self.reservations[request.request_id] = Reservation(token, request)
+        self.reservations[work.request_id] = Reservation(token, request)
         return common_pb2.TransferDescriptor(
-            request_id=request.request_id,
+            request_id=work.request_id,
             worker_address=b"fake-ucx-address",
-            block_ids=list(range((len(request.prompt_token_ids) + 15) // 16)),
+            block_ids=list(range((len(work.prompt_token_ids) + 15) // 16)),
             layout=common_pb2.KVLayout(
                 num_layers=2, num_kv_heads=1, head_dim=8, block_size=16, dtype="float32"
             ),
@@ -135,7 +136,8 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
     async def _deltas(
         self, request: decode_pb2.DecodeRequest, reservation: Reservation, context: Context
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
-        for index, delta in enumerate(planned_deltas(request.first_token_id, reservation.request)):
+        deltas = planned_deltas(request.first_token_id, reservation.request.request)
+        for index, delta in enumerate(deltas):
             if index == self.knobs.lost_after_tokens:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "fake: Stream removed")
             if index > 0 and self.knobs.delay_seconds:
@@ -147,19 +149,15 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         """Prefills here: as Generate, with a first token of 0 (no prefill worker sampled it)."""
         self.local_requests.append(request)
-        await _fail_or_wait(self.knobs, context, self.cancelled, request.request_id)
-        reserve = decode_pb2.ReserveRequest(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            sampling=request.sampling,
-            resumed_output_token_ids=request.resumed_output_token_ids,
-        )
-        start = decode_pb2.DecodeRequest(request_id=request.request_id, first_token_id=0)
+        request_id = request.request.request_id
+        await _fail_or_wait(self.knobs, context, self.cancelled, request_id)
+        reserve = decode_pb2.ReserveRequest(request=request.request)
+        start = decode_pb2.DecodeRequest(request_id=request_id, first_token_id=0)
         try:
             async for delta in self._deltas(start, Reservation(b"", reserve), context):
                 yield delta
         except asyncio.CancelledError:
-            self.cancelled.append(request.request_id)
+            self.cancelled.append(request_id)
             raise
 
     async def Multiplex(

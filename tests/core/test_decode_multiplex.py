@@ -35,7 +35,9 @@ def engine(model_dir: Path) -> LLMEngine:
 
 def _local(request_id: str, prompt: list[int], sampling: Any = GREEDY) -> Any:
     return decode_pb2.GenerateLocalRequest(
-        request_id=request_id, prompt_token_ids=prompt, sampling=sampling
+        request=common_pb2.WorkRequest(
+            request_id=request_id, prompt_token_ids=prompt, sampling=sampling
+        )
     )
 
 

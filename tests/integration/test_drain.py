@@ -51,7 +51,11 @@ def test_a_draining_decode_worker_finishes_its_stream_and_refuses_new_work(
 
 async def _reserve_status(address: str) -> grpc.StatusCode:
     request = decode_pb2.ReserveRequest(
-        request_id="during-drain", prompt_token_ids=[1, 2, 3], sampling=common_pb2.SamplingParams()
+        request=common_pb2.WorkRequest(
+            request_id="during-drain",
+            prompt_token_ids=[1, 2, 3],
+            sampling=common_pb2.SamplingParams(),
+        )
     )
     async with grpc.aio.insecure_channel(address) as channel:
         try:

@@ -65,9 +65,8 @@ def test_layout_mismatch_is_refused_naming_both_layouts(cluster: Cluster) -> Non
         ),
         transfer_token=b"0" * 16,
     )
-    request = prefill_pb2.PrefillRequest(
-        request_id="layout-check", prompt_token_ids=[1, 2, 3], destination=foreign
-    )
+    work = common_pb2.WorkRequest(request_id="layout-check", prompt_token_ids=[1, 2, 3])
+    request = prefill_pb2.PrefillRequest(request=work, destination=foreign)
     with (
         grpc.insecure_channel(cluster.prefill[0].address) as channel,
         pytest.raises(grpc.RpcError) as caught,

@@ -61,7 +61,9 @@ def test_a_long_prompt_beside_busy_streams_goes_to_the_busy_prefill_tier(
             before = _counted("prefill_placements", place="remote", reason="spares_streams")
             reply = await stack.client.generate(build_request([1] * 400, sampling=SAMPLING))
             assert list(reply.token_ids) == [FIRST_TOKEN_ID, 1, 2]
-            assert [len(call.prompt_token_ids) for call in stack.tiers.prefill[0].calls] == [400]
+            assert [
+                len(call.request.prompt_token_ids) for call in stack.tiers.prefill[0].calls
+            ] == [400]
             after = _counted("prefill_placements", place="remote", reason="spares_streams")
             assert after == before + 1
 

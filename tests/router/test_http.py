@@ -83,7 +83,7 @@ def test_chat_stream_starts_with_the_assistant_role(router_stack: Any) -> None:
             )
             assert reply.choices[0].message.content == EXPECTED
             # The prompt sent on is the chat template's rendering, not the bare message.
-            prompt_len = len(stack.tiers.decode[0].reserves[-1].prompt_token_ids)
+            prompt_len = len(stack.tiers.decode[0].reserves[-1].request.prompt_token_ids)
             assert prompt_len > 3
 
     asyncio.run(body())
@@ -97,7 +97,7 @@ def test_n_samples_answer_one_choice_each_with_usage_summed(router_stack: Any) -
             assert all(choice.text == EXPECTED for choice in reply.choices)
             assert reply.usage is not None and reply.usage.completion_tokens == 3 * 4
             assert reply.usage.prompt_tokens == len(
-                stack.tiers.decode[0].reserves[-1].prompt_token_ids
+                stack.tiers.decode[0].reserves[-1].request.prompt_token_ids
             )
             stream = await client.chat.completions.create(
                 model=model,

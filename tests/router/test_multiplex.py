@@ -100,7 +100,7 @@ def test_a_deadline_mid_stream_cancels_the_request_on_decode(
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stack.client.generate(_request(max_tokens=100), timeout=0.6)
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            request_id = decode.reserves[-1].request_id
+            request_id = decode.reserves[-1].request.request_id
             await wait_for(lambda: request_id in decode.cancelled and request_id in decode.aborts)
 
     asyncio.run(body())

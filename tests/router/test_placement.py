@@ -61,8 +61,8 @@ def test_short_prompts_are_prefilled_on_decode_and_long_ones_on_the_prefill_tier
             assert list(short.token_ids) == [0, 1, 2]  # the fake's local first token is 0
             assert list(long.token_ids) == [FIRST_TOKEN_ID, 1, 2]
             decode, prefill = stack.tiers.decode[0], stack.tiers.prefill[0]
-            assert [len(r.prompt_token_ids) for r in decode.local_requests] == [7]
-            assert [len(r.prompt_token_ids) for r in prefill.calls] == [8]
+            assert [len(r.request.prompt_token_ids) for r in decode.local_requests] == [7]
+            assert [len(r.request.prompt_token_ids) for r in prefill.calls] == [8]
             assert _placements("local", "short_prompt") == short_before + 1
             assert _placements("remote", "long_prompt") == long_before + 1
 
@@ -81,7 +81,7 @@ def test_a_lost_decode_stream_migrates_without_repeating_or_skipping(router_stac
             tokens = [t for chunk in chunks for t in chunk.token_ids]
             # 3 from the first worker, then a run of the remaining 5 on the second.
             assert tokens == [FIRST_TOKEN_ID, 1, 2, FIRST_TOKEN_ID, 1, 2, 3, 4]
-            continued = second.reserves[-1]
+            continued = second.reserves[-1].request
             assert list(continued.prompt_token_ids) == [5, 6]
             assert list(continued.resumed_output_token_ids) == [FIRST_TOKEN_ID, 1, 2]
             assert continued.sampling.max_tokens == 8

@@ -100,7 +100,7 @@ def test_two_router_replicas_send_each_prefix_to_the_same_worker(router_stack: A
                 where: dict[int, set[int]] = {}
                 for index, calls in enumerate(tier_calls):
                     for call in calls:
-                        where.setdefault(call.prompt_token_ids[0], set()).add(index)
+                        where.setdefault(call.request.prompt_token_ids[0], set()).add(index)
                 assert len(where) == 6
                 assert all(len(workers) == 1 for workers in where.values()), where
 

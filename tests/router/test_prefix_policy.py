@@ -91,7 +91,7 @@ def test_the_router_keeps_a_shared_prefix_on_one_worker_and_spreads_the_rest(
                 await stack.client.generate(build_request(prompt, sampling=sampling))
                 await stack.registry.poll()
             shared = [
-                [r for r in fake.reserves if r.prompt_token_ids[0] == 7]
+                [r for r in fake.reserves if r.request.prompt_token_ids[0] == 7]
                 for fake in stack.tiers.decode
             ]
             assert sorted(map(len, shared)) == [0, 0, 6]
@@ -102,7 +102,8 @@ def test_the_router_keeps_a_shared_prefix_on_one_worker_and_spreads_the_rest(
             assert sorted(others) == [2, 2, 2]  # round robin among idle workers
             # The prefill tier's choice is prefix-aware too: its cache saves the computation.
             prefilled = [
-                [c for c in f.calls if c.prompt_token_ids[0] == 7] for f in stack.tiers.prefill
+                [c for c in f.calls if c.request.prompt_token_ids[0] == 7]
+                for f in stack.tiers.prefill
             ]
             assert sorted(map(len, prefilled)) == [0, 6]
 

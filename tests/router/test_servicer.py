@@ -45,10 +45,10 @@ def test_unary_generate_runs_reserve_prefill_generate(
             assert 0 < timings.first_token_seconds <= timings.total_seconds
             # Both tiers saw the router's tokenization and the decode worker's reservation.
             (reserve,) = stack.tiers.decode[0].reserves
-            assert list(reserve.prompt_token_ids) == prompt_ids
-            assert reserve.sampling.max_tokens == 4
+            assert list(reserve.request.prompt_token_ids) == prompt_ids
+            assert reserve.request.sampling.max_tokens == 4
             (prefill,) = stack.tiers.prefill[0].calls
-            assert list(prefill.prompt_token_ids) == prompt_ids
+            assert list(prefill.request.prompt_token_ids) == prompt_ids
             assert prefill.destination.request_id == "r-1"
             assert len(prefill.destination.transfer_token) == 16
             assert stack.tiers.decode[0].aborts == []
