@@ -50,6 +50,7 @@ def start_cluster(
     tls: ClusterTls | None = None,
     prefill_args: tuple[str, ...] = (),
     decode_args: tuple[str, ...] = (),
+    drain_grace_seconds: float = 5.0,
 ) -> Cluster:
     """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable);
     `prefill_args` and `decode_args` follow `worker_args` on that tier's workers only."""
@@ -65,7 +66,7 @@ def start_cluster(
         decode_args=decode_args,
         router_args=router_args,
         env=UCX_ENV + env,
-        drain_grace_seconds=5.0,
+        drain_grace_seconds=drain_grace_seconds,
         tls=tls,
     )
     cluster = Cluster(spec, log_dir)

@@ -74,7 +74,9 @@ def test_a_draining_prefill_worker_finishes_its_prefills(
     """prefill-0 gets SIGTERM while prompts wait or run on it: every request still ends with
     its undisturbed greedy output, and the worker exits 0 once idle, not at the grace's end."""
     logs = tmp_path / "logs"
-    cluster = start_cluster(model_dir, logs, num_prefill=2, num_decode=1)
+    # A grace its prompts fit in on a busy 2-core host (5 s did not, with other clusters running):
+    # the worker must exit once idle, well before it.
+    cluster = start_cluster(model_dir, logs, num_prefill=2, num_decode=1, drain_grace_seconds=60.0)
     draining = cluster.prefill[0]
     work = [prompts[4 + i % 4][i:] for i in range(PREFILL_REQUESTS)]  # 63..500 tokens, distinct
     try:
