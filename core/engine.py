@@ -23,7 +23,7 @@ from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
 from pdserve.core.outputs import FinishReason, TokenDelta
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.sampler import seeded_generator
+from pdserve.core.sampler import seeded_noise
 from pdserve.core.sampling_params import (
     SAMPLE_SEPARATOR,
     DuplicateRequestError,
@@ -150,7 +150,7 @@ class LLMEngine:
     ) -> Request:
         request = Request(request_id, list(token_ids), params, order, time.monotonic())
         request.sample_index = index
-        request.generator = seeded_generator(params, self.model_config.vocab_size, 0)
+        request.noise = seeded_noise(params, 0)
         self.requests[request_id] = request
         self._detokenizers[request_id] = self._new_detokenizer(params)
         return request
@@ -170,15 +170,13 @@ class LLMEngine:
     def resume(self, request: Request, resumed: list[int], tokens_sampled_elsewhere: int) -> None:
         """Migration: `request` continues after `resumed`, output a lost worker already streamed.
         Its KV is computed over prompt + resumed (as after a recompute preemption); the resumed
-        tokens count toward max_tokens; its seeded generator skips the noise of the
+        tokens count toward max_tokens; its seeded noise starts after the
         `tokens_sampled_elsewhere` tokens sampled before its first one here; its detokenizer has
         already seen them, so text the lost worker held back (an unfinished character, a possible
         stop string's start) comes out here, and a stop string may span the resumption point.
         The text those tokens released is not released again: the client has it."""
         request.output_token_ids = list(resumed)
-        request.generator = seeded_generator(
-            request.params, self.model_config.vocab_size, tokens_sampled_elsewhere
-        )
+        request.noise = seeded_noise(request.params, tokens_sampled_elsewhere)
         if resumed:
             self._detokenizers[request.request_id].add(list(resumed), final=False)
 
@@ -296,11 +294,16 @@ class LLMEngine:
                 f"({self.config.num_kv_blocks})",
             )
 
+    def _may_draft(self, request: Request) -> bool:
+        """Whether `request` may draft (when its next step decodes): every request here; a tier
+        excludes the ones it runs for another's sake."""
+        return True
+
     # -- one step -------------------------------------------------------------------------
 
     def step(self) -> list[TokenDelta]:
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+            self.speculator.propose([r for r in self.scheduler.running if self._may_draft(r)])
         output = self.scheduler.schedule()
         now = time.monotonic()
         for request_id in output.num_scheduled_tokens:

@@ -170,7 +170,7 @@ def _sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, lis
         sampled = sample(
             plain_rows,
             [chunks[index].request.params for index in plain],
-            [chunks[index].request.generator for index in plain],
+            [chunks[index].request.noise for index in plain],
         )
         for index, token in zip(plain, sampled, strict=True):
             tokens[chunks[index].request.request_id] = [token]
@@ -179,6 +179,6 @@ def _sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, lis
             rows = logits[first_rows[index] : first_rows[index + 1]]
             request = chunk.request
             tokens[request.request_id] = verify_drafts(
-                rows, chunk.drafts, request.params, request.generator
+                rows, chunk.drafts, request.params, request.noise
             )
     return tokens

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from pdserve.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pdserve.core.sampler import SeededNoise
 
 
 class RequestStatus(enum.Enum):
@@ -50,7 +52,7 @@ class Request:
     swap_block_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     first_scheduled_time: float | None = None  # monotonic; queue time ends here
-    generator: torch.Generator | None = None  # per-request RNG when the request has a seed
+    noise: SeededNoise | None = None  # the request's own sampling noise when it has a seed
     block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, grown lazily
     # n > 1: the other samples of this prompt. They wait until this request has computed all but
     # the last prompt token, then share its blocks (copy-on-write) and go on on their own.

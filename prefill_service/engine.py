@@ -140,6 +140,12 @@ class PrefillEngine(LLMEngine):
                 job.sending.done()  # releases its staging once the pushed pieces settle
         super().abort(request_id)
 
+    def _may_draft(self, request: Request) -> bool:
+        """A prompt prefilled for decode ends at its first token, exactly: drafts would carry
+        its step past the prompt (a resumed one's context stops one token short of it when
+        chunked, where a decoding request drafts) and its transfer would never open."""
+        return request.request_id not in self._jobs
+
     def _after_layer(self, output: SchedulerOutput) -> Callable[[int], None] | None:
         """Opens the transfers of the prompts that complete this step; pushes their pieces as the
         forward pass writes each group's layers."""

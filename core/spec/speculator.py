@@ -83,8 +83,8 @@ class Speculator:
 
     def _draft_limit(self, request: Request) -> int:
         """How many tokens it may draft this step: 0 unless its next step is a decode."""
-        # Output already begun: a prompt chunked up to its last token is not decoding yet (and a
-        # prefill worker's requests, which end at their first token, never draft).
+        # Output already begun: a prompt chunked up to its last token is not decoding yet. (A
+        # prefill worker's jobs, resumed ones too, are never offered: `LLMEngine._may_draft`.)
         decodes_next = (
             request.status is RequestStatus.RUNNING
             and not request.forks

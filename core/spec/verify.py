@@ -3,7 +3,7 @@
 The runner hands the target's logits at the request's last real token and at each draft: row i
 predicts the token after draft i - 1 (row 0 the token after the context). Position by position
 the target's own token is drawn exactly as a step without drafts would draw it (`sampler.sample`,
-with the request's generator); a draft is kept while it equals that token, and the first token
+with the request's seeded noise); a draft is kept while it equals that token, and the first token
 that differs, or the one after the last draft, ends the step. So the output is the target's:
 greedy requests get the argmax tokens they get without speculation, and a seeded request draws
 the same noise in the same order (one draw per emitted token), so it gets the same tokens too,
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pdserve.core.sampler import sample
+from pdserve.core.sampler import SeededNoise, sample
 from pdserve.core.sampling_params import SamplingParams
 
 
@@ -32,7 +32,7 @@ def verify_drafts(
     logits: torch.Tensor,
     drafts: Sequence[int],
     params: SamplingParams,
-    generator: torch.Generator | None,
+    noise: SeededNoise | None,
 ) -> list[int]:
     """`logits` `[len(drafts) + 1, vocab]`: the tokens to emit, the drafts the target agrees
     with and then its own next token (between 1 and len(drafts) + 1 tokens)."""
@@ -42,7 +42,7 @@ def verify_drafts(
     emitted: list[int] = []
     for row in range(len(drafts) + 1):
         # One row at a time: a position after the first disagreement must draw no noise.
-        token = sample(logits[row : row + 1], [params], [generator])[0]
+        token = sample(logits[row : row + 1], [params], [noise])[0]
         emitted.append(token)
         if row == len(drafts) or token != drafts[row]:
             break

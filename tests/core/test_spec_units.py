@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pdserve.core.config import EngineConfig
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.request import Request
+from pdserve.core.sampler import SeededNoise
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.sched.scheduler import Scheduler
 from pdserve.core.spec.ngram import NgramIndex
@@ -76,11 +77,11 @@ def test_accepted_tokens_follow_the_target_distribution(draft: int) -> None:
     second = [0.1, 0.1, 0.1, 0.7]
     logits = torch.stack([_logits(first), _logits(second), _logits(first)])
     params = SamplingParams(temperature=1.0)
-    generator = torch.Generator().manual_seed(0)
+    noise = SeededNoise(0)
     firsts = torch.zeros(4)
     seconds = torch.zeros(4)
     for _ in range(DRAWS):
-        emitted = verify_drafts(logits, [draft, 1], params, generator)
+        emitted = verify_drafts(logits, [draft, 1], params, noise)
         firsts[emitted[0]] += 1
         if emitted[0] == draft:
             seconds[emitted[1]] += 1
@@ -92,9 +93,9 @@ def test_accepted_tokens_follow_the_target_distribution(draft: int) -> None:
 def test_top_p_filtered_target_never_keeps_a_filtered_draft() -> None:
     logits = torch.stack([_logits([0.6, 0.35, 0.05]), _logits([0.2, 0.3, 0.5])])
     params = SamplingParams(temperature=1.0, top_p=0.9)  # token 2 is outside the top 0.9
-    generator = torch.Generator().manual_seed(1)
+    noise = SeededNoise(1)
     for _ in range(500):
-        assert verify_drafts(logits, [2], params, generator)[0] != 2
+        assert verify_drafts(logits, [2], params, noise)[0] != 2
 
 
 def test_greedy_keeps_drafts_up_to_the_first_disagreement() -> None:
@@ -112,15 +113,12 @@ def test_seeded_verification_draws_what_plain_sampling_draws() -> None:
     torch.manual_seed(3)
     logits = torch.randn(4, 50)
     params = SamplingParams(temperature=0.8, top_k=20, seed=9)
-    plain_generator = torch.Generator().manual_seed(9)
-    plain = [sample(logits[i : i + 1], [params], [plain_generator])[0] for i in range(3)]
-    spec_generator = torch.Generator().manual_seed(9)
-    kept = verify_drafts(logits, [*plain[:2], -1], params, spec_generator)
+    plain_noise = SeededNoise(9)
+    plain = [sample(logits[i : i + 1], [params], [plain_noise])[0] for i in range(3)]
+    spec_noise = SeededNoise(9)
+    kept = verify_drafts(logits, [*plain[:2], -1], params, spec_noise)
     assert kept == plain
-    # The generators stand at the same place: the next draws agree too.
-    assert torch.equal(
-        torch.rand(3, generator=plain_generator), torch.rand(3, generator=spec_generator)
-    )
+    assert spec_noise.index == plain_noise.index == 3  # both stand at the same token
 
 
 # -- back-off ------------------------------------------------------------------------------

@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from pdserve.core.config import EngineConfig
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.decode_service.engine import DecodeEngine, DecodeLimits
+from pdserve.prefill_service.engine import PrefillEngine
 from tests.conftest import SHARED_MAX_TOKENS
 from tests.core.test_greedy_matches_hf import SCENARIOS, assert_engine_empty, assert_scenario_ran
+from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
 SPEC = {"speculative": "ngram", "num_speculative_tokens": 4}
 
@@ -106,3 +110,34 @@ def test_seeded_sampling_draws_the_same_tokens_with_and_without_drafts(
         assert [s.token_ids for s in with_drafts.outputs] == [s.token_ids for s in without.outputs]
     assert_drafts_kept(llm)
     assert_engine_empty(llm)
+
+
+def test_a_speculating_prefill_worker_completes_a_resumed_prompt(
+    model_dir: Path, prompts: list[list[int]]
+) -> None:
+    """A crash-migrated request (resumed tokens) prefilled by a worker with --speculative: its
+    chunked context stops one token short, where a decoding request would draft. A prefill job
+    must not: its drafts made the step overshoot the prompt, the transfer never opened, and the
+    caller waited until its deadline."""
+    hub = LocalTransferHub()
+    spec = EngineConfig(num_kv_blocks=64, max_num_batched_tokens=8, **SPEC)
+    prefill = PrefillEngine(model_dir, spec, LocalKVSender(hub))
+    decode = DecodeEngine(
+        model_dir,
+        EngineConfig(num_kv_blocks=64),
+        lambda cache: LocalKVReceiver(hub, cache, 4),
+        DecodeLimits(),
+    )
+    prompt = prompts[2]  # 16 tokens
+    resumed = prompt[:9]  # the prompt's start again: the n-gram proposer has a match to draft
+    params = SamplingParams(max_tokens=24, temperature=0)
+    destination = decode.reserve("moved", prompt, params, resumed).result(timeout=0)
+    outcome = prefill.submit("moved", prompt, params, destination, resumed)
+    for _ in range(8):  # 25 tokens in chunks of 8: four steps
+        if outcome.done():
+            break
+        prefill.step()
+    assert outcome.result(timeout=0).first_token_id >= 0
+    assert prefill.stats().num_drafted_tokens == 0
+    assert not prefill.has_unfinished()
+    decode.abort("moved")
