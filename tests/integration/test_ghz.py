@@ -1,4 +1,5 @@
-"""ghz itself against `pdserve up`: every shipped config in loadtest/ run by ghz from the repository
+"""ghz itself against a real cluster (the package's shared one: test_up_and_loadtest.py runs the
+runner against `pdserve up`): every shipped config in loadtest/ run by ghz from the repository
 root (as docs/loadtest.md tells users), its JSON report read (every call OK, as many calls as
 configured), then the same config through `pdserve loadtest` on the same server right after: the
 same counts and the same latency percentiles within LATENCY_RATIO. And ghz with no .proto at all,
@@ -14,13 +15,12 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .pdserve_up import PdserveUp
+from pdserve.local.cluster import Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -55,30 +55,24 @@ def ghz() -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(
-    ghz: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PdserveUp]:
-    up = PdserveUp(model_dir, tmp_path_factory.mktemp("ghz-up-logs"))
-    try:
-        up.wait_ready()
-        # The first calls after start pay one-off costs; neither tool should measure them.
-        _loadtest(CONFIGS[0], ["-n", "8"], up.address, tmp_path_factory.mktemp("warm-up"))
-        yield up
-    finally:
-        returncode, output = up.stop()
-    assert returncode == 0, output
+def server(ghz: Path, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The shared cluster's router address, warmed up."""
+    address = cluster.router.address
+    # The first calls after start pay one-off costs; neither tool should measure them.
+    _loadtest(CONFIGS[0], ["-n", "8"], address, tmp_path_factory.mktemp("warm-up"))
+    return address
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[config.stem for config in CONFIGS])
 def test_ghz_runs_the_config_and_the_runner_agrees(
-    config: Path, ghz: Path, server: PdserveUp, tmp_path: Path
+    config: Path, ghz: Path, server: str, tmp_path: Path
 ) -> None:
     size, expected = _small(config)
-    theirs = _ghz(ghz, config, size, server.address, REPO, tmp_path)
+    theirs = _ghz(ghz, config, size, server, REPO, tmp_path)
     assert theirs["statusCodeDistribution"] == {"OK": expected}, theirs["errorDistribution"]
     assert theirs["count"] == expected == len(theirs["details"])
 
-    ours = _loadtest(config, size, server.address, tmp_path)
+    ours = _loadtest(config, size, server, tmp_path)
     assert ours["statusCodeDistribution"] == {"OK": expected}, ours["errorDistribution"]
     assert ours["count"] == expected
     assert set(theirs) <= set(ours)  # ghz's report fields, all of them
@@ -97,15 +91,13 @@ def test_ghz_runs_the_config_and_the_runner_agrees(
 
 
 @pytest.mark.parametrize("name", ["generate_concurrency.json", "stream_concurrency.json"])
-def test_ghz_finds_the_api_by_reflection(
-    name: str, ghz: Path, server: PdserveUp, tmp_path: Path
-) -> None:
+def test_ghz_finds_the_api_by_reflection(name: str, ghz: Path, server: str, tmp_path: Path) -> None:
     raw = json.loads((REPO / "loadtest" / name).read_text())
     del raw["proto"], raw["import-paths"]
     config = tmp_path / name
     config.write_text(json.dumps(raw))
     # Run where no .proto file is: the descriptors can only come from the server.
-    report = _ghz(ghz, config, ["-n", "4"], server.address, tmp_path, tmp_path)
+    report = _ghz(ghz, config, ["-n", "4"], server, tmp_path, tmp_path)
     assert report["statusCodeDistribution"] == {"OK": 4}, report["errorDistribution"]
 
 

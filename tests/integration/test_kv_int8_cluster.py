@@ -44,17 +44,33 @@ def int8_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     cluster.stop()
 
 
-def _offline_int8(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def _offline_int8(
+    model_dir: Path, prompts: list[list[int]], max_tokens: int, one_at_a_time: bool = False
+) -> list[list[int]]:
     offline = LLM(model_dir, num_kv_blocks=256, num_swap_blocks=0, kv_cache_dtype="int8")
     params = OfflineParams(max_tokens=max_tokens, temperature=0)
-    return [list(out.outputs[0].token_ids) for out in offline.generate(prompts, params)]
+    batches = [[prompt] for prompt in prompts] if one_at_a_time else [prompts]
+    return [
+        list(out.outputs[0].token_ids)
+        for batch in batches
+        for out in offline.generate(batch, params)
+    ]
 
 
 def test_int8_cluster_gives_the_offline_int8_tokens(
     int8_cluster: Cluster, model_dir: Path, prompts: list[list[int]]
 ) -> None:
-    expected = _offline_int8(model_dir, prompts, MAX_TOKENS)
-    served = asyncio.run(greedy_outputs(int8_cluster, prompts, MAX_TOKENS))
+    """One prompt at a time on both sides, so every step has the same shape: int8 rows round
+    the K/V, and a batch of another shape (its own reduction order) could tip a near-tie the
+    other way. Which batches a cluster forms depends on timing: batched, the test failed on a
+    busy host and passed on a quiet one."""
+    some = prompts[1::2]  # 7, 17, 130 and 500 tokens: one and many blocks
+    expected = _offline_int8(model_dir, some, MAX_TOKENS, one_at_a_time=True)
+    served = [
+        tokens
+        for prompt in some
+        for tokens in asyncio.run(greedy_outputs(int8_cluster, [prompt], MAX_TOKENS))
+    ]
     assert served == expected
     wait_all_blocks_free(int8_cluster)
 
