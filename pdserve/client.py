@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Self, TypeAlias
 
 import grpc
 
+from pdserve.core.serving.keepalive import Keepalive
 from pdserve.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 if TYPE_CHECKING:
@@ -77,9 +78,10 @@ class GenerationClient:
         (`grpc.ssl_channel_credentials(ca)`), else plaintext."""
         if not target:
             raise ValueError("target: must be host:port, got an empty string")
+        options = Keepalive().channel_options()  # a vanished router fails the call
         if credentials is None:
-            return cls(grpc.aio.insecure_channel(target))
-        return cls(grpc.aio.secure_channel(target, credentials))
+            return cls(grpc.aio.insecure_channel(target, options=options))
+        return cls(grpc.aio.secure_channel(target, credentials, options=options))
 
     async def generate(
         self,

@@ -1,7 +1,7 @@
 """The router's one request path, shared by both doors (gRPC `Generation` and OpenAI HTTP).
 
-    admitted(request)  a --max-queue place (else RESOURCE_EXHAUSTED at once), validation
-                       (INVALID_ARGUMENT naming the field), the request id held until the end
+    admitted(request)  --max-queue places, one per sample (else RESOURCE_EXHAUSTED at once),
+                       validation (INVALID_ARGUMENT naming the field), the router's own id
     deltas(...)        the dispatcher's token deltas; closing it early (aclosing) runs the
                        dispatcher's cleanup, which cancels the request on both tiers
 
@@ -21,6 +21,7 @@ from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.errors import RouterError
+from pdserve.router.samples import stream_count
 from pdserve.router.validation import RequestValidator, ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, generation_pb2
 
@@ -28,7 +29,7 @@ _LOADING = "router: still loading the model's tokenizer"
 
 
 class Admission:
-    """Admission, validation and request-id bookkeeping for every public request."""
+    """Admission and validation for every public request."""
 
     def __init__(self, dispatcher: Dispatcher, config: RouterConfig) -> None:
         self.dispatcher = dispatcher
@@ -36,38 +37,30 @@ class Admission:
         # None until the model's tokenizer and limits have loaded; calls before get UNAVAILABLE.
         self.validator: RequestValidator | None = None
         self._in_flight = 0
-        self._request_ids: set[str] = set()
 
     @contextlib.asynccontextmanager
     async def admitted(
         self, request: generation_pb2.GenerateRequest
     ) -> AsyncIterator[ValidatedRequest]:
-        """A --max-queue place and the request id, held until the call ends.
+        """--max-queue places, one per stream the request runs (each of its samples), held
+        until the call ends, and the validated request.
 
-        No place free means RESOURCE_EXHAUSTED at once: the router never queues unboundedly.
+        Too few places free means RESOURCE_EXHAUSTED at once: the router never queues
+        unboundedly.
         """
-        if self._in_flight >= self.config.max_queue:
+        streams = stream_count(request, self.config.max_queue)
+        if self._in_flight + streams > self.config.max_queue:
             raise RouterError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"router: {self._in_flight} requests in flight (--max-queue "
-                f"{self.config.max_queue}); retry later",
+                f"router: {self._in_flight} streams in flight, this request runs {streams} "
+                f"(--max-queue {self.config.max_queue}); retry later",
             )
-        self._in_flight += 1
+        self._in_flight += streams
         metrics.IN_FLIGHT.set(self._in_flight)
         try:
-            valid = await self.loaded_validator().validate(request)
-            if valid.request_id in self._request_ids:
-                raise RouterError(
-                    grpc.StatusCode.ALREADY_EXISTS,
-                    f"request_id: {valid.request_id!r} is already in flight",
-                )
-            self._request_ids.add(valid.request_id)
-            try:
-                yield valid
-            finally:
-                self._request_ids.discard(valid.request_id)
+            yield await self.loaded_validator().validate(request)
         finally:
-            self._in_flight -= 1
+            self._in_flight -= streams
             metrics.IN_FLIGHT.set(self._in_flight)
 
     def loaded_validator(self) -> RequestValidator:

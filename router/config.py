@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pdserve.core.serving.keepalive import Keepalive
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES
 from pdserve.core.serving.tls import ChannelTls
 from pdserve.costmodel.step_budget import StepCosts
@@ -88,8 +89,12 @@ class RouterConfig:
     # The router's channels to the workers: TLS/mTLS settings (None: plaintext), message bound.
     worker_tls: ChannelTls | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    keepalive: Keepalive = field(default_factory=Keepalive)
     # The OpenAI-compatible HTTP door (router/http/); 0 turns it off.
     http_port: int = 8000
+    # Its requests' deadline (0: none): OpenAI's API carries none, and a client that vanished
+    # without closing its connection would otherwise hold its streams until max_tokens.
+    http_request_timeout_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -114,6 +119,11 @@ class RouterConfig:
         PlacementConfig(self.disagg_threshold, self.max_prefill_queue)  # checks both flags
         if self.placement_mode is PlacementMode.ADAPTIVE and self.costs is None:
             raise ValueError("--placement adaptive: needs --profile (a `pdserve profile` file)")
+        if self.http_request_timeout_seconds < 0:
+            raise ValueError(
+                "--http-request-timeout-seconds: must be >= 0, got "
+                f"{self.http_request_timeout_seconds}"
+            )
         if not 0 <= self.http_port <= 65535:
             raise ValueError(f"--http-port: must be in [0, 65535], got {self.http_port}")
 

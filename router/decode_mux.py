@@ -211,7 +211,14 @@ class _Stream:
                     if inbox is not None:  # else cancelled here meanwhile
                         inbox.put(delta)
         except grpc.aio.AioRpcError as failure:
-            error = failure
+            # Whatever its code (a worker fault's INTERNAL, an over-long message's
+            # RESOURCE_EXHAUSTED), a broken stream is a lost worker for every request on it:
+            # UNAVAILABLE, which the dispatcher migrates. A request's own error comes as its
+            # delta instead, with its own code.
+            error = rpc_error(
+                grpc.StatusCode.UNAVAILABLE,
+                f"Multiplex stream broke: {failure.code().name}: {failure.details()}",
+            )
         except asyncio.CancelledError:
             error = rpc_error(grpc.StatusCode.CANCELLED, "router: Multiplex stream closed")
             raise

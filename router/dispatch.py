@@ -115,7 +115,7 @@ class Dispatcher:
                 metrics.MIGRATIONS.labels("migrated").inc()
                 log.warning(
                     "request %s: %s after %d tokens; migrating",
-                    request.request_id,
+                    request.log_name,
                     failure,
                     len(emitted),
                 )

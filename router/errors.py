@@ -32,12 +32,13 @@ _PASSED_THROUGH = frozenset(
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.ALREADY_EXISTS,
     }
 )
-# Codes of the internal contract that mean the router and a worker disagree: a server fault.
+# Codes of the internal contract that mean the router and a worker disagree: a server fault
+# (ALREADY_EXISTS: the ids the workers see are the router's own, never the client's).
 _INTERNAL = frozenset(
     {
+        grpc.StatusCode.ALREADY_EXISTS,
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.UNIMPLEMENTED,

@@ -8,7 +8,12 @@ import argparse
 from pathlib import Path
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.serving.cli_config import add_flag, add_model_arguments, add_server_arguments
+from pdserve.core.serving.cli_config import (
+    add_flag,
+    add_model_arguments,
+    add_server_arguments,
+    keepalive_from_args,
+)
 from pdserve.core.serving.tls import ChannelTls
 from pdserve.costmodel.profile import load_profile
 from pdserve.costmodel.step_budget import StepCosts
@@ -137,6 +142,13 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         defaults.http_port,
         "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions); 0 = off",
     )
+    add_flag(
+        group,
+        "--http-request-timeout-seconds",
+        float,
+        defaults.http_request_timeout_seconds,
+        "an HTTP request's deadline (OpenAI's API sends none); 0 = none",
+    )
     _add_cap_arguments(parser)
     _add_worker_tls_arguments(parser)
 
@@ -235,7 +247,9 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         ),
         worker_tls=_worker_tls_from_args(args),
         max_message_bytes=args.max_message_bytes,
+        keepalive=keepalive_from_args(args),
         http_port=args.http_port,
+        http_request_timeout_seconds=args.http_request_timeout_seconds,
     )
     parse_targets("--prefill", config.prefill_targets, allow_empty=True)  # fail at start-up
     parse_targets("--decode", config.decode_targets)

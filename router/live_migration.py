@@ -53,7 +53,8 @@ class LiveMigration:
     def can_move(self, source: Worker[DecodeAsyncStub]) -> bool:
         """Whether another decode worker might take the stream (else it finishes on `source`,
         within its drain grace)."""
-        return self.registry.decode.has_untried([source.address])
+        # Own decode workers only: a move picks those (a lent prefill worker cannot take KV).
+        return self.registry.decode.has_untried([source.address], own=True)
 
     async def suspend(self, source: Worker[DecodeAsyncStub], request_id: str) -> None:
         """Asks `source` to suspend the request; a failure leaves the stream running there."""
@@ -81,7 +82,9 @@ class LiveMigration:
         except NoHealthyWorkerError:
             target = None
         if not streamed or target is None or target.address in avoid:  # pick's last resort
-            log.info("request %s: no other decode worker can take it; re-prefilling", request_id)
+            log.info(
+                "request %s: no other decode worker can take it; re-prefilling", request.log_name
+            )
             self.aborts.later(source, request_id)
             return None
         pool.acquire(target)
@@ -95,7 +98,9 @@ class LiveMigration:
             await source.stub.Migrate(migrate, timeout=deadline.remaining())
             moved = True
         except grpc.aio.AioRpcError as error:
-            log.warning("request %s: live migration failed (%s); re-prefilling", request_id, error)
+            log.warning(
+                "request %s: live migration failed (%s); re-prefilling", request.log_name, error
+            )
             return None
         finally:
             if not moved:  # also on a cancel: neither side keeps blocks for it

@@ -22,7 +22,7 @@ from pdserve.router.admission import Admission
 from pdserve.router.config import RouterConfig
 from pdserve.router.dispatch import Dispatcher
 from pdserve.router.flags import add_router_arguments, router_config_from_args
-from pdserve.router.http.app import HttpDoor, build_app
+from pdserve.router.http.app import HttpDoor, build_app, check_http_door
 from pdserve.router.registry import Registry
 from pdserve.router.servicer import SERVICE_NAME, RouterServicer
 from pdserve.router.targets import Resolver, resolve_dns
@@ -70,7 +70,7 @@ def build_router(
             return admission.validator is not None and registry.ready() and not host.draining
 
         app = build_app(admission, ready)
-        http = HttpDoor(app, server.host, config.http_port, server.drain_grace_seconds)
+        http = HttpDoor(app, server.host, config.http_port, server.drain_grace_seconds, server.tls)
     return Router(config, host, registry, dispatcher, admission, http)
 
 
@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = router_config_from_args(args)
         server = server_config_from_args(args)
+        check_http_door(config.http_port, server.tls)
     except ValueError as error:
         print(f"pdserve router: {error}", file=sys.stderr)
         return 2

@@ -45,7 +45,10 @@ END_TO_END_LATENCY = Histogram(
     "From arrival at the router to the last output token (successful requests)",
     buckets=_LATENCY_BUCKETS,
 )
-IN_FLIGHT = Gauge("pdserve_router_requests_in_flight", "Generate calls in flight in the router")
+IN_FLIGHT = Gauge(
+    "pdserve_router_requests_in_flight",
+    "Streams in flight in the router (a call of n samples counts n), against --max-queue",
+)
 RETRIES = Counter(
     "pdserve_router_retries",
     "Reserve + Prefill attempts retried after a worker failure, by the tier that failed",

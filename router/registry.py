@@ -109,6 +109,7 @@ class WorkerPool(Generic[StubT]):
         self._channel_options = [
             *message_limits(config.max_message_bytes),
             ("grpc.http2.bdp_probe", 0),
+            *config.keepalive.channel_options(),  # a vanished worker fails its streams
         ]
         self._turn = 0
         self.prefix_map = prefix_map  # set under --routing-policy prefix (shared by both tiers)
@@ -215,9 +216,13 @@ class WorkerPool(Generic[StubT]):
     def healthy_count(self) -> int:
         return sum(1 for w in self.workers.values() if w.healthy and not w.removed)
 
-    def has_untried(self, tried: Collection[str]) -> bool:
+    def has_untried(self, tried: Collection[str], own: bool = False) -> bool:
+        """Whether a healthy worker not in `tried` is left (`own`: of the tier's own, as
+        `pick(own=True)` would choose from)."""
         return any(
-            w.healthy and not w.removed and w.address not in tried for w in self.workers.values()
+            w.healthy and not w.removed and w.address not in tried
+            for w in self.workers.values()
+            if not (own and w.address in self.borrowed)
         )
 
     async def poll(self) -> None:

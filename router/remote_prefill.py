@@ -92,7 +92,7 @@ class RemotePrefill:
                 if attempt == self.config.max_attempts:
                     raise failure.cause from None
                 metrics.RETRIES.labels(failure.tier.value).inc()
-                log.warning("request %s: retrying after %s", request.request_id, failure)
+                log.warning("request %s: retrying after %s", request.log_name, failure)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _attempt(

@@ -24,11 +24,23 @@ MAX_SAMPLES = 16
 T = TypeVar("T")
 
 
+def stream_count(request: generation_pb2.GenerateRequest, max_queue: int) -> int:
+    """How many streams the request runs (its samples): its places under --max-queue. Checked
+    before anything else, as a request that can never fit is no reason to queue."""
+    samples = request.sampling.n or 1  # proto3's zero: the default, one
+    if samples > MAX_SAMPLES:
+        raise InvalidRequestError("sampling.n", f"at most {MAX_SAMPLES}, got {samples}")
+    if samples > max_queue:
+        raise InvalidRequestError(
+            "sampling.n", f"{samples} samples can never fit the router's --max-queue {max_queue}"
+        )
+    return int(samples)
+
+
 def sample_requests(request: ValidatedRequest) -> list[ValidatedRequest]:
-    """The request's samples as requests of one sample each (itself when n is 1)."""
+    """The request's samples as requests of one sample each (itself when n is 1); n was
+    checked at admission (`stream_count`)."""
     params = sampling_from_proto(request.sampling, request.priority)
-    if params.n > MAX_SAMPLES:
-        raise InvalidRequestError("sampling.n", f"at most {MAX_SAMPLES}, got {params.n}")
     return [
         dataclasses.replace(
             request, request_id=sample_id, sampling=sampling_to_proto(params.for_sample(index))

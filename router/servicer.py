@@ -50,7 +50,7 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
             samples = sample_requests(valid)
             clocks = clocks_for(samples, clock)
             calls = [self._collect(s, context, c) for s, c in zip(samples, clocks, strict=True)]
-            return merge_responses(valid.request_id, await gather_all(calls))
+            return merge_responses(valid.client_request_id, await gather_all(calls))
         raise AssertionError("unreachable: _answering re-raises or aborts the call")
 
     async def GenerateStream(
@@ -72,7 +72,7 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
             async with contextlib.aclosing(interleave(streams)) as chunks:
                 async for index, delta in chunks:
                     chunk = _chunk(samples[index], delta, clocks[index])
-                    chunk.request_id, chunk.sample_index = valid.request_id, index
+                    chunk.sample_index = index
                     yield chunk
 
     async def Info(
@@ -122,7 +122,7 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
     async def _collect(
         self, request: ValidatedRequest, context: Context, clock: RequestClock
     ) -> generation_pb2.GenerateResponse:
-        response = generation_pb2.GenerateResponse(request_id=request.request_id)
+        response = generation_pb2.GenerateResponse(request_id=request.client_request_id)
         texts: list[str] = []
         async with contextlib.aclosing(self._deltas(request, context, clock)) as deltas:
             async for delta in deltas:
@@ -153,7 +153,7 @@ def _chunk(
     request: ValidatedRequest, delta: decode_pb2.TokenDelta, clock: RequestClock
 ) -> generation_pb2.GenerateStreamResponse:
     chunk = generation_pb2.GenerateStreamResponse(
-        request_id=request.request_id,
+        request_id=request.client_request_id,
         token_ids=delta.token_ids,
         text=delta.text,
         finish_reason=delta.finish_reason,

@@ -2,6 +2,12 @@
 
 Every refusal is an InvalidRequestError whose message starts with the proto field's name
 (`prompt`, `prompt_token_ids`, `sampling.max_tokens`, `request_id`, ...).
+
+Ids: the router names every request it admits with an id of its own (a fresh uuid4), and the
+workers only ever see that one. The client's `request_id` is only echoed in its answers: clients
+share no id space (two clients, or two router replicas, may well pick the same id, and a client's
+"r/0" is what the router would call sample 0 of "r"), so an id taken from a client would let one
+client's request overwrite, abort or refuse another's on the workers.
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ class ModelLimits:
 
 @dataclass(frozen=True)
 class ValidatedRequest:
-    request_id: str
+    request_id: str  # the router's own (a sample's: `<id>/<i>`): what the workers see
+    client_request_id: str  # echoed in the answers: the client's, else the router's own
     prompt_token_ids: tuple[int, ...]
     # Normalized: defaults filled in (max_tokens, top_p), so both tiers read the same values.
     sampling: common_pb2.SamplingParams
@@ -87,6 +94,12 @@ class ValidatedRequest:
         )
 
     @property
+    def log_name(self) -> str:
+        """How the router's log lines name it: its own id (the workers' logs use it) and the
+        client's."""
+        return f"{self.request_id} (client id {self.client_request_id!r})"
+
+    @property
     def context_length(self) -> int:
         """Tokens whose KV a run computes before it samples: the prompt and any resumed output."""
         return len(self.prompt_token_ids) + len(self.resumed_output_token_ids)
@@ -104,13 +117,15 @@ class RequestValidator:
         self.limits = limits
 
     async def validate(self, request: generation_pb2.GenerateRequest) -> ValidatedRequest:
-        request_id = self._request_id(request)
+        request_id = uuid.uuid4().hex
+        client_request_id = self._client_request_id(request) or request_id
         params = sampling_from_proto(request.sampling, request.priority)
         self._check_stops(params)
         prompt_ids = await self._prompt_token_ids(request)
         self._check_length(request, len(prompt_ids), params.max_tokens)
         return ValidatedRequest(
             request_id=request_id,
+            client_request_id=client_request_id,
             prompt_token_ids=prompt_ids,
             sampling=sampling_to_proto(params),
             priority=request.priority,
@@ -135,9 +150,9 @@ class RequestValidator:
                 f"got {longest}",
             )
 
-    def _request_id(self, request: generation_pb2.GenerateRequest) -> str:
+    def _client_request_id(self, request: generation_pb2.GenerateRequest) -> str | None:
         if not request.HasField("request_id"):
-            return uuid.uuid4().hex
+            return None
         if not request.request_id:
             raise InvalidRequestError("request_id", "must not be empty when set")
         if len(request.request_id) > MAX_REQUEST_ID_CHARS:

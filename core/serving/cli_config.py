@@ -20,6 +20,7 @@ from pdserve.core.config import (
     EngineConfig,
     SchedulingPolicy,
 )
+from pdserve.core.serving.keepalive import Keepalive
 from pdserve.core.serving.server import DEFAULT_MAX_MESSAGE_BYTES, ServerConfig
 from pdserve.core.serving.tls import server_tls
 
@@ -120,7 +121,32 @@ def add_server_arguments(parser: argparse.ArgumentParser, port: int, metrics_por
         DEFAULT_MAX_MESSAGE_BYTES,
         "largest gRPC message received or sent (bigger ones end RESOURCE_EXHAUSTED)",
     )
+    add_keepalive_arguments(group)
     add_tls_server_arguments(parser)
+
+
+def add_keepalive_arguments(group: argparse._ArgumentGroup) -> None:
+    """HTTP/2 keepalive of this process's server and of its channels (the router's to the
+    workers): core/serving/keepalive.py."""
+    defaults = Keepalive()
+    add_flag(
+        group,
+        "--keepalive-seconds",
+        float,
+        defaults.time_seconds,
+        "HTTP/2 ping to a peer silent this long (every server and channel)",
+    )
+    add_flag(
+        group,
+        "--keepalive-timeout-seconds",
+        float,
+        defaults.timeout_seconds,
+        "no ping answer this long: the peer is lost, its streams fail (and migrate)",
+    )
+
+
+def keepalive_from_args(args: argparse.Namespace) -> Keepalive:
+    return Keepalive(args.keepalive_seconds, args.keepalive_timeout_seconds)
 
 
 def add_tls_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -200,4 +226,5 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_message_bytes=args.max_message_bytes,
         tls=server_tls(args.tls_cert, args.tls_key, args.tls_client_ca, args.tls_allowed_clients),
         health_port=args.health_port,
+        keepalive=keepalive_from_args(args),
     )

@@ -36,7 +36,10 @@ Item: TypeAlias = "tuple[str, TokenDelta | BaseException]"
 log = logging.getLogger(__name__)
 
 # Steps that queued up while the stream was sending go out together, up to this many deltas a
-# message (about 30 bytes each: far below the router's --max-message-bytes).
+# message. A delta is the router's id (32 hex digits, a sample's `/i`), a step's few tokens and
+# their text: under 100 bytes, so a message stays under 2 MiB, within the router's default 4 MiB
+# --max-message-bytes. (Ids were the clients', up to 256 characters: 5 MiB messages could break
+# the stream; and a broken stream now migrates its requests, router/decode_mux.py.)
 MAX_DELTAS_PER_MESSAGE = 16384
 
 
@@ -127,6 +130,11 @@ class MultiplexStream:
 
     def _start(self, request_id: str, prepare: Callable[[], RequestStart]) -> None:
         """Starts a request on the engine thread; an error comes back as its delta."""
+        if request_id in self.runs:
+            # The router's ids are unique on its stream, and an answer to this start would be
+            # taken for the running request's (both carry its id): refused in the log only.
+            log.error("Multiplex: request %s started again while it runs; ignored", request_id)
+            return
         try:
             starting = prepare()
         except Exception as error:  # as the request's own call would have ended
@@ -138,16 +146,18 @@ class MultiplexStream:
         loop = self.runtime.engine_loop()
         group = self.group
 
-        def join_and_start() -> None:
-            loop.join(request_id, group)
+        def start_and_join() -> None:
+            # Joined only once the engine accepted it (engine thread, no step in between): a
+            # refused start must not touch the delivery of a request it collided with.
             try:
                 start()
             except Exception as error:
-                loop.unsubscribe(request_id)
                 group.add(request_id, error)
                 group.flush()
+                return
+            loop.join(request_id, group)
 
-        loop.call(join_and_start)
+        loop.call(start_and_join)
 
     def _new_run(self, usage: common_pb2.Usage, movable: bool) -> _Run:
         now = time.monotonic()

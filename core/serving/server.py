@@ -18,12 +18,13 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from pdserve.core.serving.keepalive import Keepalive
 from pdserve.core.serving.reflection import enable_reflection
 from pdserve.core.serving.request_guard import RequestGuard
 from pdserve.core.serving.tls import ServerTls, allowed_peers, server_credentials
@@ -50,6 +51,7 @@ class ServerConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     tls: ServerTls | None = None
     health_port: int | None = None  # plaintext health only; used when TLS is on
+    keepalive: Keepalive = field(default_factory=Keepalive)
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1:
@@ -73,7 +75,11 @@ class ServiceHost:
         names = config.tls.allowed_clients if config.tls is not None else ()
         check_peer = allowed_peers(names) if names else None
         self.server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), *message_limits(config.max_message_bytes)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                *message_limits(config.max_message_bytes),
+                *config.keepalive.server_options(),
+            ],
             interceptors=[RequestGuard(check_peer)],
         )
         self.health = health.aio.HealthServicer()

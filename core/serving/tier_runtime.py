@@ -97,15 +97,13 @@ class TierRuntime:
         def sink(item: TokenDelta | BaseException) -> None:
             aio_loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def subscribe_and_start() -> None:
+        def start_and_subscribe() -> None:
+            # In this order, on the engine thread (no step runs between the two): a start the
+            # engine refuses (an id it already runs) must not touch the running one's delivery.
+            start()
             loop.subscribe(request_id, sink)
-            try:
-                start()
-            except BaseException:
-                loop.unsubscribe(request_id)
-                raise
 
-        await self.call(subscribe_and_start, undo=lambda: abort_and_unsubscribe(loop, request_id))
+        await self.call(start_and_subscribe, undo=lambda: abort_and_unsubscribe(loop, request_id))
         finished = False
         try:
             while not finished:

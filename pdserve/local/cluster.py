@@ -2,7 +2,8 @@
 
 Ports are derived from one base so several clusters can run side by side: router `base`, its
 OpenAI HTTP door `base + 1` (unless set), prefill i `base + 10 + i`, decode i `base + 20 + i`;
-metrics the same offsets from `metrics_base`.
+metrics the same offsets from `metrics_base`. Further router replicas over the same workers (as
+the chart runs them) serve at `base + 2r` (HTTP `+ 1`), r = 1 .. 4.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 HOST = "127.0.0.1"
+MAX_ROUTERS = 5  # router replicas fit below the prefill ports: base, base + 2, .. base + 8
 READINESS = {
     "router": "pdserve.v1.Generation",
     "prefill": "pdserve.v1.Prefill",
@@ -50,12 +52,16 @@ class ClusterTls:
     router_cert: Path  # the router's client identity towards the workers
     router_key: Path
     router_name: str  # a name on router_cert: the only client the workers admit
+    # The router's public doors (gRPC and HTTP) demand a client certificate signed by `ca` too.
+    clients_need_certificates: bool = False
 
     def args(self, role: str) -> list[str]:
         served = ["--tls-cert", str(self.server_cert), "--tls-key", str(self.server_key)]
         if role == "router":
             client = ["--worker-tls-cert", str(self.router_cert), "--worker-tls-key"]
-            return [*served, "--worker-tls-ca", str(self.ca), *client, str(self.router_key)]
+            public = ["--tls-client-ca", str(self.ca)] if self.clients_need_certificates else []
+            workers = ["--worker-tls-ca", str(self.ca), *client, str(self.router_key)]
+            return [*served, *public, *workers]
         admitted = ["--tls-client-ca", str(self.ca), "--tls-allowed-clients", self.router_name]
         return [*served, *admitted]
 
@@ -83,10 +89,19 @@ class ClusterSpec:
     pins: tuple[CpuPin, ...] = ()  # processes not named here run on every CPU
     tls: ClusterTls | None = None  # None: plaintext, as `pdserve up` runs
     http_port: int | None = None  # the router's --http-port: None = base_port + 1, 0 = off
+    num_routers: int = 1  # replicas over the same workers: `router` is the first
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_routers <= MAX_ROUTERS:
+            raise ValueError(f"num_routers must be 1 .. {MAX_ROUTERS}, got {self.num_routers}")
 
     @property
     def router_http_port(self) -> int:
         return self.base_port + 1 if self.http_port is None else self.http_port
+
+    def replica_http_port(self, index: int) -> int:
+        """Router replica `index`'s --http-port (0: off, as the first's)."""
+        return 0 if self.router_http_port == 0 else self.router_http_port + 2 * index
 
 
 @dataclass(frozen=True)
@@ -118,6 +133,10 @@ class Cluster:
         return self._role("router")[0]
 
     @property
+    def routers(self) -> list[Process]:
+        return self._role("router")
+
+    @property
     def prefill(self) -> list[Process]:
         return self._role("prefill")
 
@@ -143,8 +162,9 @@ class Cluster:
             role: ",".join(p.address for p in self._role(role)) for role in ("prefill", "decode")
         }
         router_args = ["--prefill", workers["prefill"], "--decode", workers["decode"]]
-        router_args += ["--http-port", str(spec.router_http_port)]
-        self._spawn("router", 0, 0, router_args + list(spec.router_args))
+        for index in range(spec.num_routers):
+            http = ["--http-port", str(spec.replica_http_port(index))]
+            self._spawn("router", index, 2 * index, [*router_args, *http, *spec.router_args])
 
     def _spawn(self, role: str, index: int, offset: int, extra: list[str]) -> None:
         spec = self.spec
@@ -158,7 +178,8 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         wait_ready(self.processes, self.spec.tls, timeout_s)
         healthy = {"prefill": self.spec.num_prefill, "decode": self.spec.num_decode}
-        wait_router_sees(self.router, healthy, deadline - time.monotonic())
+        for router in self.routers:
+            wait_router_sees(router, healthy, deadline - time.monotonic())
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM everyone (graceful drain), then SIGKILL whoever is left."""

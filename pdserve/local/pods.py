@@ -97,6 +97,8 @@ class PodCluster:
         log_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if spec.num_routers != 1:
+            raise ValueError("pods run one router (ClusterSpec.num_routers must be 1)")
         self.spec = spec
         self.log_dir = log_dir
         self._clock = clock

@@ -6,6 +6,12 @@ with the process that bound it, so no file can go stale and a second `pdserve up
 the same port fails to bind it. One JSON object each way per connection: the request names the
 desired count of each tier to change (`{"decode": 3}`; `{}` asks for the status only), the reply
 is the cluster's status once it has reached those counts, or `{"error": "..."}`.
+
+Who may ask: a process of the same user only (the kernel's SO_PEERCRED, checked before a byte
+is read; `pdserve up --netns` runs as root, so only root may scale it). How much: at most
+MAX_PODS_PER_TIER pods of a tier, MAX_CONNECTIONS requests answered at once (more wait in the
+listen backlog, within their own timeout), and each request must arrive within
+REQUEST_TIMEOUT_S, so no caller can hold the endpoint's threads.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
+import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -24,6 +32,10 @@ from pdserve.local.status import ClusterStatus, Departure, MemberView, ScaleErro
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 1 << 20
+MAX_PODS_PER_TIER = 64
+MAX_CONNECTIONS = 8
+REQUEST_TIMEOUT_S = 10.0
+_PEER_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 Handler = Callable[[dict[str, int]], ClusterStatus]
 
 
@@ -47,6 +59,7 @@ class ControlServer:
             self._socket.close()
             raise OSError(f"another `pdserve up --netns` runs with router port {port}") from error
         self._socket.listen()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._thread = threading.Thread(target=self._serve, name="pdserve-control", daemon=True)
 
     def start(self) -> None:
@@ -63,20 +76,31 @@ class ControlServer:
                 connection, _ = self._socket.accept()
             except OSError:  # closed
                 return
+            self._slots.acquire()  # a slot frees within REQUEST_TIMEOUT_S, or once answered
             threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
 
     def _answer(self, connection: socket.socket) -> None:
         with connection:
             try:
-                desired = parse_request(json.loads(_receive(connection)))
-                reply: dict[str, Any] = {"status": asdict(self._handle(desired))}
-            except (ScaleError, ValueError, TimeoutError) as error:
-                reply = {"error": str(error)}
-            except Exception as error:  # the caller hears of it; the endpoint keeps serving
-                log.exception("scale request failed")
-                reply = {"error": f"{type(error).__name__}: {error}"}
-            with contextlib.suppress(OSError):  # the caller may have given up
-                connection.sendall(json.dumps(reply).encode())
+                reply = self._reply(connection)
+                with contextlib.suppress(OSError):  # the caller may have given up
+                    connection.sendall(json.dumps(reply).encode())
+            finally:
+                self._slots.release()
+
+    def _reply(self, connection: socket.socket) -> dict[str, Any]:
+        uid = peer_uid(connection)
+        if uid != os.getuid():
+            return {"error": f"permission denied: uid {uid} may not scale this cluster"}
+        connection.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            desired = parse_request(json.loads(_receive(connection)))
+            return {"status": asdict(self._handle(desired))}
+        except (ScaleError, ValueError, TimeoutError) as error:  # socket timeouts included
+            return {"error": str(error)}
+        except Exception as error:  # the caller hears of it; the endpoint keeps serving
+            log.exception("scale request failed")
+            return {"error": f"{type(error).__name__}: {error}"}
 
 
 def parse_request(message: object) -> dict[str, int]:
@@ -89,6 +113,8 @@ def parse_request(message: object) -> dict[str, int]:
             raise ValueError(f"request: unknown field {key!r}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"--{key}: expected a count >= 0, got {value!r}")
+        if value > MAX_PODS_PER_TIER:
+            raise ValueError(f"--{key}: at most {MAX_PODS_PER_TIER} pods, got {value}")
         desired[key] = value
     return desired
 
@@ -118,6 +144,15 @@ def status_from_json(status: dict[str, Any]) -> ClusterStatus:
         members=tuple(MemberView(**member) for member in status["members"]),
         departures=tuple(Departure(**departure) for departure in status["departures"]),
     )
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The user id of the process at the other end (the kernel's word, not the peer's)."""
+    credentials = connection.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size
+    )
+    _pid, uid, _gid = _PEER_CREDENTIALS.unpack(credentials)
+    return int(uid)
 
 
 def _receive(connection: socket.socket) -> bytes:

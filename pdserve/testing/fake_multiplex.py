@@ -46,7 +46,7 @@ class FakeMultiplex:
     """One router's Multiplex stream on a FakeDecode: commands start and cancel runs; each engine
     step makes the next delta of every run (a start's error as that request's delta), and the
     stream sends what the steps made since its last message as one message. `lost_after_tokens`
-    breaks the whole stream (UNAVAILABLE), as a killed process does; a step takes
+    breaks the whole stream (with `lost_code`), as a killed or failing process does; a step takes
     `delay_seconds`, else `step_seconds` (Knobs)."""
 
     def __init__(self, decode: FakeDecode, context: Context) -> None:
@@ -69,7 +69,7 @@ class FakeMultiplex:
         try:
             while True:
                 if self.lost:
-                    await self.context.abort(grpc.StatusCode.UNAVAILABLE, "fake: Stream removed")
+                    await self.context.abort(self.decode.knobs.lost_code, "fake: Stream removed")
                 if self.made:
                     step = decode_pb2.DecodeStep(deltas=self.made)
                     self.made = []

@@ -42,6 +42,8 @@ class Knobs:
     load_delay_seconds: float = 0.0  # Load answers this late, as a busy process may
     # A decode stream breaks (UNAVAILABLE, as from a killed process) after this many tokens.
     lost_after_tokens: int | None = None
+    # The code a Multiplex stream breaks with there (a worker fault may end it with any code).
+    lost_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
     # Multiplex: one engine step's time when delay_seconds is 0. The fake's engine steps on its
     # own clock, whether or not the stream has sent the last step (a real engine does not wait
     # for the router): steps made while the stream was sending go out together, as decode's do.

@@ -5,6 +5,11 @@ POST /v1/completions       prompt -> text (stream: true for SSE ending in `data:
 POST /v1/chat/completions  messages -> the model's chat template -> text
 GET  /health               200 when the router takes requests, else 503 (as vLLM's)
 GET  /metrics              the router's Prometheus registry (also on --metrics-port)
+
+Under the router's --tls-cert the door serves HTTPS only, with the same certificate, and under
+--tls-client-ca it demands a client certificate that CA signed, as the gRPC port does. It cannot
+check --tls-allowed-clients (uvicorn does not hand the peer's certificate to the app), so the
+router refuses that pair unless --http-port is 0 (`check_http_door`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import asyncio
 import contextlib
 import math
 import socket
+import ssl
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import prometheus_client
 import uvicorn
@@ -22,9 +29,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from pdserve.core.sampling_params import InvalidRequestError
+from pdserve.core.serving.tls import ServerTls
 from pdserve.core.text.chat import chat_prompt
 from pdserve.router import metrics
 from pdserve.router.admission import Admission
+from pdserve.router.clock import Deadline
 from pdserve.router.errors import RouterError
 from pdserve.router.http.door import Call, answer
 from pdserve.router.http.errors import UnknownModelError, api_error, on_validation_error
@@ -87,7 +96,9 @@ async def _answer(
         refusal = api_error(error, body.params())
         metrics.REQUESTS.labels(endpoint.value, refusal.code.name).inc()
         return refusal.response()
-    call = Call(admission, endpoint, model, request, body.params(), body.include_usage)
+    timeout = admission.config.http_request_timeout_seconds
+    deadline = Deadline.after(timeout or None)
+    call = Call(admission, endpoint, model, request, body.params(), deadline, body.include_usage)
     return await answer(http, call, body.stream)
 
 
@@ -117,12 +128,15 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpDoor:
     """The app served on its own port, as a task on the running loop (beside grpc.aio)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int, drain_seconds: float) -> None:
+    def __init__(
+        self, app: FastAPI, host: str, port: int, drain_seconds: float, tls: ServerTls | None
+    ) -> None:
         config = uvicorn.Config(
             app,
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=math.ceil(drain_seconds),
+            **_ssl_settings(tls),
         )
         self._server = _EmbeddedServer(config)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -142,3 +156,22 @@ class HttpDoor:
         if self._task is not None:
             self._server.should_exit = True
             await self._task
+
+
+def check_http_door(http_port: int, tls: ServerTls | None) -> None:
+    """Refuses a door that would be more open than the gRPC port beside it."""
+    if http_port != 0 and tls is not None and tls.allowed_clients:
+        raise ValueError(
+            "--tls-allowed-clients: the HTTP door cannot check names on client certificates; "
+            "set --http-port 0 (or drop --tls-allowed-clients)"
+        )
+
+
+def _ssl_settings(tls: ServerTls | None) -> dict[str, Any]:
+    """uvicorn's TLS settings for the router's server TLS (none: plaintext)."""
+    if tls is None:
+        return {}
+    settings: dict[str, Any] = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
+    if tls.client_ca is not None:
+        settings |= {"ssl_ca_certs": str(tls.client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return settings

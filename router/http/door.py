@@ -35,8 +35,6 @@ from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, generation_pb2
 
 T = TypeVar("T")
-# OpenAI's API has no per-request deadline; a client that gives up disconnects instead.
-_NO_DEADLINE = Deadline(None)
 _DONE = "data: [DONE]\n\n"
 _CLIENT_CLOSED = 499
 
@@ -54,6 +52,8 @@ class Call:
     model: str
     request: generation_pb2.GenerateRequest
     params: Mapping[str, str]  # validator field -> the client's parameter name, where they differ
+    # OpenAI's API sends none: the router's --http-request-timeout-seconds from the arrival.
+    deadline: Deadline
     include_usage: bool = False
 
 
@@ -99,12 +99,12 @@ async def _whole(call: Call) -> Body:
             clocks = clocks_for(samples, clock)
             calls = [_collect(call, s, c) for s, c in zip(samples, clocks, strict=True)]
             completions = await gather_all(calls)
-            return Answer(call.endpoint, valid.request_id, call.model).whole(completions)
+            return Answer(call.endpoint, valid.client_request_id, call.model).whole(completions)
 
 
 async def _collect(call: Call, sample: ValidatedRequest, clock: RequestClock) -> Completion:
     """One sample's deltas gathered into its whole answer."""
-    deltas = call.admission.deltas(sample, _NO_DEADLINE, clock)
+    deltas = call.admission.deltas(sample, call.deadline, clock)
     texts: list[str] = []
     last = decode_pb2.TokenDelta()
     async with contextlib.aclosing(deltas):
@@ -121,12 +121,12 @@ async def _events(call: Call) -> AsyncGenerator[str, None]:
     try:
         with _counted(call.endpoint):
             async with call.admission.admitted(call.request) as valid:
-                reply = Answer(call.endpoint, valid.request_id, call.model)
+                reply = Answer(call.endpoint, valid.client_request_id, call.model)
                 samples = sample_requests(valid)
                 clocks = clocks_for(samples, clock)
                 usages: list[common_pb2.Usage] = []
                 streams = [
-                    call.admission.deltas(s, _NO_DEADLINE, c)
+                    call.admission.deltas(s, call.deadline, c)
                     for s, c in zip(samples, clocks, strict=True)
                 ]
                 async with contextlib.aclosing(interleave(streams)) as deltas:

@@ -49,7 +49,14 @@ def netns_unavailable() -> str | None:
 class NetnsUp:
     """One `pdserve up --netns`; its router's address is read from what it prints."""
 
-    def __init__(self, model_dir: Path, log_dir: Path, drain_grace_s: float) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        log_dir: Path,
+        drain_grace_s: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`env`: added to this environment for `pdserve up` and every pod it starts."""
         self.port, self.metrics_port = free_port_bases(2)
         command = [
             sys.executable,
@@ -73,7 +80,11 @@ class NetnsUp:
             *WORKER_ARGS,
         ]
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -127,6 +138,13 @@ class NetnsUp:
 
     def output(self) -> str:
         return "\n".join(self.lines[-60:])
+
+
+def set_pod_link(namespace: str, up: bool) -> None:
+    """Cuts a pod off (its eth0 down: whatever it sends or is sent is dropped, no reset reaches
+    anyone, as when a node is lost or partitioned) or joins it again."""
+    state = "up" if up else "down"
+    subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", state], check=True)
 
 
 def namespaces() -> list[str]:

@@ -1,5 +1,6 @@
 """Elastic tiers under steady open-loop load, in pods (`pdserve up --netns`): decode 1 -> 3 -> 1
-and prefill 1 -> 2 -> 1 with `pdserve scale`, then a decode worker SIGKILLed instead of drained.
+and prefill 1 -> 2 -> 1 with `pdserve scale`, then a decode worker SIGKILLed instead of drained,
+then a decode pod cut off from the network (no reset: only keepalive can tell).
 Every request completes with exactly the undisturbed run's tokens, text, finish reason and usage
 (greedy and seeded sampling, gRPC and HTTP, stop-string look-ahead held back), new workers take
 traffic, removed ones drain and exit 0, KV reaches decode over its pod link, no block stays held,
@@ -28,7 +29,15 @@ from pdserve.client import GenerationClient, SamplingParams
 from pdserve.local.netns import NETNS_ETC
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
-from .netns_up import NetnsUp, link_exists, namespaces, pod_pids, received_bytes, require_netns
+from .netns_up import (
+    NetnsUp,
+    link_exists,
+    namespaces,
+    pod_pids,
+    received_bytes,
+    require_netns,
+    set_pod_link,
+)
 from .streams import Stream, stream_grpc, stream_http
 
 pytestmark = pytest.mark.integration
@@ -42,6 +51,12 @@ ARRIVAL_INTERVAL_S = 0.3  # open loop: a new request every interval...
 MAX_IN_FLIGHT = 8
 SETTLE_UNDER_LOAD_S = 4.0  # after each scale step: the new shape serves for a while
 DRAIN_GRACE_S = 60.0
+# Every process pings a peer silent for 1 s and gives it 1 s to answer: a cut-off pod is found
+# lost within 2 s (the defaults, 10 s + 5 s, would make the test wait 15 s).
+KEEPALIVE = {"PDSERVE_KEEPALIVE_SECONDS": "1", "PDSERVE_KEEPALIVE_TIMEOUT_SECONDS": "1"}
+# From the cut to the router's first migration off the cut pod: keepalive's 2 s, a busy
+# 2-core host's scheduling, and a Load poll's timeout.
+LOST_POD_FOUND_WITHIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +106,7 @@ def cluster(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]]
 ) -> Iterator[Cluster]:
     require_netns()
-    up = NetnsUp(model_dir, tmp_path_factory.mktemp("netns-logs"), DRAIN_GRACE_S)
+    up = NetnsUp(model_dir, tmp_path_factory.mktemp("netns-logs"), DRAIN_GRACE_S, KEEPALIVE)
     try:
         router = up.wait_ready()
         work = prompts[3:7]  # 17..250 tokens
@@ -154,11 +169,7 @@ def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
 
 def test_a_killed_decode_worker_under_load_loses_nothing(cluster: Cluster) -> None:
     async def kill_one() -> None:
-        status = await asyncio.to_thread(cluster.up.scale, decode=2)
-        await asyncio.sleep(SETTLE_UNDER_LOAD_S)
-        victim = max(_members(status, "decode"), key=lambda m: int(m["name"].split("-")[1]))
-        while not (await asyncio.to_thread(_load, victim)).num_running:
-            await asyncio.sleep(0.05)  # it has streams to lose
+        victim = await _a_second_decode_pod_with_streams(cluster)
         for pid in pod_pids(f"{cluster.up.prefix}-{victim['name']}"):
             os.kill(pid, signal.SIGKILL)
         await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # `pdserve up` replaces it meanwhile
@@ -171,6 +182,47 @@ def test_a_killed_decode_worker_under_load_loses_nothing(cluster: Cluster) -> No
     status = cluster.up.scale(decode=1)
     assert _ready(status, "decode") == 1
     _assert_blocks_free(cluster)
+
+
+def test_a_decode_pod_cut_off_under_load_loses_nothing(cluster: Cluster) -> None:
+    """Before keepalive, the router's stream to a pod that vanished without a reset stayed open
+    for ever: its requests hung and never migrated."""
+    migrated = 'pdserve_router_migrations_total{outcome="migrated"}'
+    found_after: list[float] = []
+
+    async def cut_one_off() -> None:
+        victim = await _a_second_decode_pod_with_streams(cluster)
+        namespace = f"{cluster.up.prefix}-{victim['name']}"
+        before = _router_metric(cluster, migrated)
+        set_pod_link(namespace, up=False)
+        cut = time.monotonic()
+        try:
+            while _router_metric(cluster, migrated) <= before:
+                assert time.monotonic() - cut < 60, "the cut-off pod's streams never migrated"
+                await asyncio.sleep(0.1)
+            found_after.append(time.monotonic() - cut)
+            await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # the load goes on without it
+        finally:
+            set_pod_link(namespace, up=True)  # it comes back, and serves again
+
+    outcomes = asyncio.run(_under_load(cluster, cut_one_off()))
+    _assert_as_undisturbed(cluster, outcomes)
+    (found,) = found_after
+    assert found < LOST_POD_FOUND_WITHIN_S, f"migrations began {found:.1f} s after the cut"
+    status = cluster.up.scale(decode=1)
+    assert _ready(status, "decode") == 1
+    _assert_blocks_free(cluster)
+
+
+async def _a_second_decode_pod_with_streams(cluster: Cluster) -> dict[str, Any]:
+    """Scales decode to 2 under the load and returns the new pod once it runs streams (it has
+    streams to lose)."""
+    status = await asyncio.to_thread(cluster.up.scale, decode=2)
+    await asyncio.sleep(SETTLE_UNDER_LOAD_S)
+    victim = max(_members(status, "decode"), key=lambda m: int(m["name"].split("-")[1]))
+    while not (await asyncio.to_thread(_load, victim)).num_running:
+        await asyncio.sleep(0.05)
+    return victim
 
 
 # --- load ---

@@ -3,14 +3,25 @@ and its errors (a handler stands in for the cluster; no workers)."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from pdserve.cli import main
-from pdserve.local.scale_control import ControlServer, NoClusterError, parse_request, request_scale
+from pdserve.local import scale_control
+from pdserve.local.scale_control import (
+    MAX_CONNECTIONS,
+    ControlServer,
+    NoClusterError,
+    control_address,
+    parse_request,
+    request_scale,
+)
 from pdserve.local.status import ClusterStatus, Departure, MemberView, ScaleError
 
 
@@ -100,8 +111,69 @@ def test_the_cli_prints_counts_and_drains(
         ({"decode": -1}, "--decode"),
         ({"prefill": "2"}, "--prefill"),
         ({"decode": True}, "--decode"),
+        ({"decode": 65}, "at most 64 pods"),
     ],
 )
 def test_bad_requests_name_the_field(message: object, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         parse_request(message)
+
+
+# A client that is not pdserve's: the raw protocol, as any local process could speak it.
+_RAW_CLIENT = """
+import socket, sys
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s.connect(sys.argv[1].encode().replace(b"@", b"\\0", 1))
+    s.sendall(b'{"decode": 2}')
+    s.shutdown(socket.SHUT_WR)
+    print(s.recv(65536).decode())
+"""
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # one that another user may run (the venv's may be private)
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+    reason="needs root and a system python3 to run a client as another user",
+)
+def test_another_user_may_not_scale(endpoint: tuple[int, Handler]) -> None:
+    port, handler = endpoint
+    address = "@" + control_address(port)[1:]
+    nobody = subprocess.run(
+        [SYSTEM_PYTHON, "-I", "-c", _RAW_CLIENT, address],
+        user=65534,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert "permission denied: uid 65534" in json.loads(nobody.stdout)["error"]
+    assert handler.requests == []  # refused before a byte of the request was read
+
+
+def _silent_client(port: int) -> socket.socket:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(control_address(port))
+    return client
+
+
+def test_requests_are_bounded_in_number_and_time(
+    endpoint: tuple[int, Handler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port, handler = endpoint
+    monkeypatch.setattr(scale_control, "REQUEST_TIMEOUT_S", 1.0)
+    silent = [_silent_client(port) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with pytest.raises(TimeoutError):
+            request_scale(port, {}, timeout_s=0.3)  # every slot is held: it waits its turn
+        for client in silent:  # each silent caller is cut off after the timeout
+            client.settimeout(5)
+            assert "timed out" in json.loads(client.recv(65536))["error"]
+    finally:
+        for client in silent:
+            client.close()
+    assert request_scale(port, {}, timeout_s=5).ready("decode") == 1  # slots free again
+    # The caller that gave up had sent its request: answered once a slot freed (counts are
+    # desired states, so a late one does what it asked).
+    assert handler.requests == [{}, {}]

@@ -51,6 +51,7 @@ def start_cluster(
     prefill_args: tuple[str, ...] = (),
     decode_args: tuple[str, ...] = (),
     drain_grace_seconds: float = 5.0,
+    num_routers: int = 1,
 ) -> Cluster:
     """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable);
     `prefill_args` and `decode_args` follow `worker_args` on that tier's workers only."""
@@ -68,6 +69,7 @@ def start_cluster(
         env=UCX_ENV + env,
         drain_grace_seconds=drain_grace_seconds,
         tls=tls,
+        num_routers=num_routers,
     )
     cluster = Cluster(spec, log_dir)
     cluster.start()
@@ -81,7 +83,9 @@ def start_cluster(
 
 @pytest.fixture(scope="package")
 def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Router + 2 prefill + 2 decode, shared by the tests that leave it as they found it."""
-    running = start_cluster(model_dir, tmp_path_factory.mktemp("cluster-logs"), 2, 2)
+    """2 prefill + 2 decode behind two router replicas (as the chart runs them; `router` is the
+    first), shared by the tests that leave it as they found it."""
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    running = start_cluster(model_dir, logs, 2, 2, num_routers=2)
     yield running
     running.stop()

@@ -1,5 +1,6 @@
-"""A real cluster over TLS (public port) and mTLS (router -> workers): Generate end to end gives
-the plaintext cluster's greedy tokens, and the workers refuse every caller but the router."""
+"""A real cluster over mTLS on every port (the router's gRPC and HTTP doors, router -> workers):
+Generate end to end gives the plaintext cluster's greedy tokens, the router's doors refuse a
+client without a certificate, and the workers refuse every caller but the router."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Pki:
         self.server: Issued = issue(self.ca, folder, "pdserve-server", hosts=("127.0.0.1",))
         self.router: Issued = issue(self.ca, folder, "pdserve-router")
         self.stranger: Issued = issue(self.ca, folder, "someone-else")
+        self.client: Issued = issue(self.ca, folder, "pdserve-client")
 
     def cluster_tls(self) -> ClusterTls:
         return ClusterTls(
@@ -40,6 +42,14 @@ class Pki:
             router_cert=self.router.cert,
             router_key=self.router.key,
             router_name="pdserve-router",
+            clients_need_certificates=True,
+        )
+
+    def client_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            self.ca.cert_path.read_bytes(),
+            self.client.key.read_bytes(),
+            self.client.cert.read_bytes(),
         )
 
 
@@ -72,10 +82,31 @@ async def greedy_tokens(
 def test_generate_over_tls_and_mtls_equals_the_plaintext_run(
     tls_cluster: Cluster, cluster: Cluster, pki: Pki
 ) -> None:
-    trust = grpc.ssl_channel_credentials(pki.ca.cert_path.read_bytes())
-    over_tls = asyncio.run(greedy_tokens(tls_cluster.router.address, trust))
+    over_tls = asyncio.run(greedy_tokens(tls_cluster.router.address, pki.client_credentials()))
     plaintext = asyncio.run(greedy_tokens(cluster.router.address, None))
     assert over_tls == plaintext and all(len(tokens) == 12 for tokens in over_tls)
+    no_cert = grpc.ssl_channel_credentials(pki.ca.cert_path.read_bytes())
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        asyncio.run(greedy_tokens(tls_cluster.router.address, no_cert))
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # the handshake fails
+
+
+def _curl(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = ["curl", "--silent", "--max-time", "20", "--output", "/dev/null", *flags]
+    return subprocess.run(
+        [*command, "--write-out", "%{http_code}", url], capture_output=True, text=True
+    )
+
+
+def test_the_http_door_demands_a_client_certificate_too(tls_cluster: Cluster, pki: Pki) -> None:
+    """Before, the OpenAI door beside an mTLS gRPC port answered plaintext to anyone."""
+    https = tls_cluster.http_url.replace("http://", "https://")
+    trust = ("--cacert", str(pki.ca.cert_path))
+    client = ("--cert", str(pki.client.cert), "--key", str(pki.client.key))
+    for path in ("/metrics", "/health", "/v1/models"):
+        assert _curl(tls_cluster.http_url + path).stdout == "000"  # no plaintext at all
+        assert _curl(https + path, *trust).stdout == "000"  # no certificate: no handshake
+        assert _curl(https + path, *trust, *client).stdout == "200"
 
 
 def _load_code(address: str, credentials: grpc.ChannelCredentials | None) -> grpc.StatusCode:
@@ -120,7 +151,10 @@ def test_generate_cli_speaks_tls_with_tls_ca(tls_cluster: Cluster, pki: Pki) -> 
         "12",
     ]
     trusted = [*command, "--tls-ca", str(pki.ca.cert_path)]
-    printed = subprocess.run(trusted, capture_output=True, text=True, timeout=120, check=True)
+    client = ["--tls-cert", str(pki.client.cert), "--tls-key", str(pki.client.key)]
+    printed = subprocess.run(
+        [*trusted, *client], capture_output=True, text=True, timeout=120, check=True
+    )
     assert printed.stdout == asyncio.run(greedy_text(tls_cluster.router.address, pki)) + "\n"
     plaintext = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert plaintext.returncode == 1 and "UNAVAILABLE" in plaintext.stderr
@@ -129,8 +163,7 @@ def test_generate_cli_speaks_tls_with_tls_ca(tls_cluster: Cluster, pki: Pki) -> 
 
 
 async def greedy_text(address: str, pki: Pki) -> str:
-    trust = grpc.ssl_channel_credentials(pki.ca.cert_path.read_bytes())
-    async with GenerationClient.connect(address, trust) as client:
+    async with GenerationClient.connect(address, pki.client_credentials()) as client:
         reply = await client.generate(build_request(PROMPTS[0], sampling=GREEDY), timeout=120)
     assert len(reply.token_ids) == 12
     return str(reply.text)

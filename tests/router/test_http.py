@@ -11,13 +11,15 @@ import contextlib
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from prometheus_client import REGISTRY
 
-from pdserve.router.http.app import HttpDoor, build_app
+from pdserve.core.serving.tls import ServerTls
+from pdserve.router.http.app import HttpDoor, build_app, check_http_door
 from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
 
 
@@ -25,7 +27,7 @@ from pdserve.testing.fake_tiers import FIRST_TOKEN_ID
 async def openai_client(stack: Any) -> AsyncIterator[tuple[openai.AsyncOpenAI, str]]:
     """An `openai` client on an HTTP door serving the stack's admission, and the model name."""
     admission = stack.servicer.admission
-    door = HttpDoor(build_app(admission, lambda: True), "127.0.0.1", 0, drain_seconds=1.0)
+    door = HttpDoor(build_app(admission, lambda: True), "127.0.0.1", 0, drain_seconds=1.0, tls=None)
     door.start()
     base_url = f"http://127.0.0.1:{door.port}/v1"
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
@@ -248,3 +250,31 @@ def _get(url: str) -> tuple[int, str]:
             return page.status, page.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, ""
+
+
+def test_the_door_is_refused_where_it_would_be_more_open_than_grpc() -> None:
+    """It cannot check --tls-allowed-clients names: the router refuses to start it then."""
+    named = ServerTls(Path("cert.pem"), Path("key.pem"), Path("ca.pem"), ("pdserve-router",))
+    with pytest.raises(ValueError, match="--tls-allowed-clients"):
+        check_http_door(8000, named)
+    check_http_door(0, named)  # no door, nothing to refuse
+    check_http_door(8000, ServerTls(Path("cert.pem"), Path("key.pem"), Path("ca.pem")))
+
+
+def test_a_request_past_the_http_timeout_ends_504_and_frees_decode(
+    router_stack: Any, wait_for: Any
+) -> None:
+    """OpenAI's API sends no deadline: --http-request-timeout-seconds is the router's."""
+
+    async def body() -> None:
+        async with router_stack(http_request_timeout_seconds=0.5) as stack:
+            decode = stack.tiers.decode[0]
+            decode.knobs.delay_seconds = 0.2  # 100 tokens: 20 s
+            async with openai_client(stack) as (client, model):
+                with pytest.raises(openai.APIStatusError) as caught:
+                    await client.completions.create(model=model, prompt="Hi", max_tokens=100)
+                assert caught.value.status_code == 504
+            slow = decode.reserves[0].request.request_id
+            await wait_for(lambda: slow in decode.cancelled and slow in decode.aborts)
+
+    asyncio.run(body())

@@ -116,3 +116,31 @@ def test_the_per_request_path_relays_the_same_answer(router_stack: Any) -> None:
             assert stack.tiers.decode[0].multiplex_calls == 0
 
     asyncio.run(body())
+
+
+def test_a_stream_broken_with_any_code_migrates_every_request_on_it(router_stack: Any) -> None:
+    """Before, a Multiplex stream that ended INTERNAL failed its requests with it; a broken
+    stream is a lost worker for all of them, whatever the code."""
+
+    async def one(stack: Any, index: int) -> list[int]:
+        request = build_request([index + 1], sampling=common_pb2.SamplingParams(max_tokens=8))
+        chunks = [c async for c in stack.client.generate_stream(request, timeout=20)]
+        assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        return [t for chunk in chunks for t in chunk.token_ids]
+
+    async def body() -> None:
+        async with router_stack(num_decode=2) as stack:
+            broken, other = stack.tiers.decode
+            broken.knobs.lost_after_tokens = 3
+            broken.knobs.lost_code = grpc.StatusCode.INTERNAL
+            other.knobs.load.num_waiting = 100  # the router starts them on the broken one
+            await stack.registry.poll()
+            outputs = await asyncio.gather(*(one(stack, index) for index in range(8)))
+            for tokens in outputs:  # what came before the break (maybe nothing), then the rest
+                cut = max(k for k, token in enumerate(tokens) if token == FIRST_TOKEN_ID)
+                before = [FIRST_TOKEN_ID, *range(1, cut)] if cut else []
+                assert tokens == [*before, FIRST_TOKEN_ID, *range(1, 8 - cut)]
+            continued = [r.request for r in other.reserves if r.request.resumed_output_token_ids]
+            assert len(continued) >= 2  # more than the one whose run broke the stream
+
+    asyncio.run(body())

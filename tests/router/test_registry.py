@@ -178,6 +178,12 @@ def test_pick_prefers_untried_workers_but_falls_back() -> None:
             pool = registry.prefill
             assert {pool.pick(avoid={a}).address for _ in range(4)} == {b}
             assert pool.has_untried({a}) and not pool.has_untried({a, b})
+            # A lent worker of the other tier counts only where borrowed ones may be picked.
+            lent = registry.decode.borrow(a)
+            lent.healthy = True  # as once its first Load poll in the decode pool answered
+            assert registry.decode.has_untried({tiers.decode_addresses[0]})
+            assert not registry.decode.has_untried({tiers.decode_addresses[0]}, own=True)
+            registry.decode.give_back(lent.address)
             pool.mark_unhealthy(pool.workers[b])
             assert pool.pick(avoid={a}).address == a
             await registry.close()

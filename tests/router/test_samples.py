@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from pdserve.core.sampling_params import InvalidRequestError
-from pdserve.router.samples import interleave, merge_responses, sample_requests
+from pdserve.router.samples import interleave, merge_responses, sample_requests, stream_count
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, generation_pb2
 
@@ -17,7 +17,7 @@ def _request(n: int, seed: int | None = 5) -> ValidatedRequest:
     sampling = common_pb2.SamplingParams(max_tokens=4, temperature=0.5, n=n)
     if seed is not None:
         sampling.seed = seed
-    return ValidatedRequest("r", (1, 2, 3), sampling, 0)
+    return ValidatedRequest("r", "client-r", (1, 2, 3), sampling, 0)
 
 
 def test_samples_get_their_own_ids_and_derived_seeds() -> None:
@@ -33,9 +33,15 @@ def test_one_sample_is_the_request_itself() -> None:
     assert [s.request_id for s in sample_requests(request)] == ["r"]
 
 
-def test_too_many_samples_names_the_field() -> None:
-    with pytest.raises(InvalidRequestError, match=r"sampling\.n"):
-        sample_requests(_request(17))
+def test_each_sample_is_a_stream_and_too_many_name_the_field() -> None:
+    def asking(n: int) -> generation_pb2.GenerateRequest:
+        return generation_pb2.GenerateRequest(sampling=common_pb2.SamplingParams(n=n))
+
+    assert [stream_count(asking(n), max_queue=8) for n in (0, 1, 8)] == [1, 1, 8]
+    with pytest.raises(InvalidRequestError, match=r"sampling\.n: at most 16"):
+        stream_count(asking(17), max_queue=256)
+    with pytest.raises(InvalidRequestError, match=r"sampling\.n: 9 samples can never fit"):
+        stream_count(asking(9), max_queue=8)
 
 
 def test_merged_answer_lists_every_sample_and_repeats_the_first() -> None:

@@ -49,7 +49,8 @@ def test_unary_generate_runs_reserve_prefill_generate(
             assert reserve.request.sampling.max_tokens == 4
             (prefill,) = stack.tiers.prefill[0].calls
             assert list(prefill.request.prompt_token_ids) == prompt_ids
-            assert prefill.destination.request_id == "r-1"
+            # Both under the router's own id; the client's is only echoed.
+            assert prefill.destination.request_id == reserve.request.request_id != "r-1"
             assert len(prefill.destination.transfer_token) == 16
             assert stack.tiers.decode[0].aborts == []
 

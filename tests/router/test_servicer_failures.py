@@ -38,8 +38,10 @@ def test_prefill_unavailable_aborts_the_reservation_and_retries_elsewhere(
             assert list(reply.token_ids) == [FIRST_TOKEN_ID, 1]
             assert (len(failing.calls), len(healthy.calls)) == (1, 1)
             decode = stack.tiers.decode[0]
-            assert decode.aborts == ["retry"]  # the first reservation, before the new Reserve
             assert len(decode.reserves) == 2
+            # The first reservation, aborted before the new Reserve; both under the router's id.
+            assert decode.aborts == [decode.reserves[0].request.request_id]
+            assert decode.reserves[1].request.request_id == decode.aborts[0] != "retry"
 
     asyncio.run(body())
 
@@ -128,7 +130,8 @@ def test_client_cancel_cancels_decode_and_aborts(router_stack: Any, wait_for: An
             request = build_request([1], sampling=sampling(max_tokens=50), request_id="gone")
             async for _chunk in stack.client.generate_stream(request, timeout=30):
                 break  # leaving the loop cancels the call
-            await wait_for(lambda: "gone" in decode.cancelled and "gone" in decode.aborts)
+            gone = decode.reserves[0].request.request_id  # the router's id, not the client's
+            await wait_for(lambda: gone in decode.cancelled and gone in decode.aborts)
             assert decode.reservations == {}
 
     before = _count("GenerateStream", "CANCELLED")
@@ -148,7 +151,8 @@ def test_client_cancel_during_prefill_reaches_prefill_and_decode(
             )
             await wait_for(lambda: len(prefill.calls) == 1)
             call.cancel()
-            await wait_for(lambda: "early" in prefill.cancelled and "early" in decode.aborts)
+            early = prefill.calls[0].request.request_id
+            await wait_for(lambda: early in prefill.cancelled and early in decode.aborts)
 
     asyncio.run(body())
 
@@ -166,7 +170,8 @@ def test_deadline_becomes_downstream_timeouts_and_deadline_exceeded(
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             (remaining,) = prefill.time_remaining
             assert remaining is not None and 0 < remaining < 0.6  # the client's 0.5 s, passed on
-            await wait_for(lambda: "late" in prefill.cancelled and "late" in decode.aborts)
+            late = prefill.calls[0].request.request_id
+            await wait_for(lambda: late in prefill.cancelled and late in decode.aborts)
 
     before = _count("Generate", "DEADLINE_EXCEEDED")
     asyncio.run(body())
@@ -182,7 +187,8 @@ def test_deadline_during_decode_cancels_the_stream(router_stack: Any, wait_for: 
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stack.client.generate(request, timeout=0.5)
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            await wait_for(lambda: "slow" in decode.cancelled and "slow" in decode.aborts)
+            slow = decode.reserves[0].request.request_id
+            await wait_for(lambda: slow in decode.cancelled and slow in decode.aborts)
 
     before = _count("Generate", "DEADLINE_EXCEEDED")
     asyncio.run(body())
@@ -212,20 +218,61 @@ def test_max_queue_answers_resource_exhausted_at_once(router_stack: Any) -> None
     asyncio.run(body())
 
 
-def test_duplicate_request_id_in_flight_is_already_exists(router_stack: Any) -> None:
+def test_max_queue_counts_every_sample_as_a_stream(router_stack: Any) -> None:
+    """Before, a request with n = 16 took one place and ran 16 streams."""
+
+    async def body() -> None:
+        async with router_stack(max_queue=3) as stack:
+            stack.tiers.decode[0].knobs.delay_seconds = 0.1
+            two = build_request([1], sampling=sampling(max_tokens=5, n=2))
+            first = stack.client.generate_stream(two, timeout=10)
+            chunks = [await anext(first)]
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stack.client.generate(two, timeout=10)  # 2 + 2 streams > 3
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "runs 2" in (caught.value.details() or "")
+            reply = await stack.client.generate(build_request([2]), timeout=10)  # 2 + 1 fit
+            assert reply.finish_reason == common_pb2.FINISH_REASON_LENGTH
+            chunks += [chunk async for chunk in first]
+            assert {chunk.sample_index for chunk in chunks} == {0, 1}
+            with pytest.raises(grpc.aio.AioRpcError) as never:
+                await stack.client.generate(build_request([3], sampling=sampling(n=4)))
+            assert never.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (never.value.details() or "").startswith("sampling.n")
+
+    asyncio.run(body())
+
+
+def test_one_client_id_twice_in_flight_runs_twice_under_the_routers_ids(
+    router_stack: Any,
+) -> None:
+    """Client ids are only echoed: the same one twice in flight is two requests, each with its
+    own tokens, run on the workers under two ids of the router's own."""
+
     async def body() -> None:
         async with router_stack() as stack:
-            stack.tiers.decode[0].knobs.delay_seconds = 0.1
+            decode = stack.tiers.decode[0]
+            decode.knobs.delay_seconds = 0.1
             first = stack.client.generate_stream(
                 build_request([1], sampling=sampling(max_tokens=4), request_id="twin"),
                 timeout=10,
             )
-            await anext(first)
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stack.client.generate(build_request([2], request_id="twin"), timeout=10)
-            assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
-            assert (caught.value.details() or "").startswith("request_id")
-            assert [chunk async for chunk in first][-1].finish_reason
+            chunks = [await anext(first)]
+            second = await stack.client.generate(
+                build_request([2], sampling=sampling(max_tokens=3), request_id="twin"), timeout=10
+            )
+            chunks += [chunk async for chunk in first]
+            assert {chunk.request_id for chunk in chunks} == {"twin"} == {second.request_id}
+            assert [token for chunk in chunks for token in chunk.token_ids] == [
+                FIRST_TOKEN_ID,
+                1,
+                2,
+                3,
+            ]
+            assert list(second.token_ids) == [FIRST_TOKEN_ID, 1, 2]
+            ids = [reserve.request.request_id for reserve in decode.reserves]
+            assert len(set(ids)) == 2 and "twin" not in ids
+            assert decode.aborts == []
 
     asyncio.run(body())
 

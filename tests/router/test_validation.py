@@ -73,6 +73,16 @@ def test_valid_request_is_normalized(validator: RequestValidator) -> None:
     assert valid.sampling.top_p == 1.0
     assert valid.priority == 3
     assert len(valid.request_id) == 32  # a fresh uuid4 hex
+    assert valid.client_request_id == valid.request_id  # echoed when the client set none
+
+
+def test_the_routers_id_is_its_own_whatever_the_client_sent(validator: RequestValidator) -> None:
+    first, second = (
+        asyncio.run(validator.validate(request(prompt="hi", request_id="r/0"))) for _ in range(2)
+    )
+    assert first.client_request_id == second.client_request_id == "r/0"
+    assert first.request_id != second.request_id
+    assert "/" not in first.request_id  # no client id can name one of its samples
 
 
 def test_long_prompt_is_tokenized_off_the_loop_the_same(validator: RequestValidator) -> None:
