@@ -9,11 +9,13 @@
     hand-off: the prompt KV is in the decode worker's reserved blocks
 
 Every call gets the time left before the client's deadline as its timeout. A failure or cancel
-after Reserve aborts the reservation in the background (`Aborts`).
+after Reserve aborts the reservation in the background (`Aborts`), and so does a Reserve cancelled
+or expired on its way back: decode may have granted it with the answer in flight.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _RETRY_RESERVE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# A Reserve ended by the caller's side: decode may hold the reservation with its answer in flight.
+_RESERVE_CUT_SHORT = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 # Failures before hand-off that another prefill worker may not repeat (a dead process gives
 # UNAVAILABLE to its in-flight calls).
 _RETRY_PREFILL = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL})
@@ -144,7 +148,12 @@ class RemotePrefill:
                 message, timeout=deadline.remaining()
             )
             return descriptor
+        except asyncio.CancelledError:
+            self.aborts.later(decode, request.request_id)  # granted, perhaps: free it
+            raise
         except grpc.aio.AioRpcError as error:
+            if error.code() in _RESERVE_CUT_SHORT:
+                self.aborts.later(decode, request.request_id)
             pool = self.registry.decode
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 pool.mark_unhealthy(decode)

@@ -40,6 +40,8 @@ class Knobs:
     load: common_pb2.LoadResponse = field(default_factory=common_pb2.LoadResponse)
     load_fails: bool = False  # Load answers UNAVAILABLE, as a dead process does
     load_delay_seconds: float = 0.0  # Load answers this late, as a busy process may
+    # Reserve holds its reservation this long before its answer leaves (an answer in flight).
+    reserve_answer_seconds: float = 0.0
     # A decode stream breaks (UNAVAILABLE, as from a killed process) after this many tokens.
     lost_after_tokens: int | None = None
     # The code a Multiplex stream breaks with there (a worker fault may end it with any code).
@@ -109,6 +111,7 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "request_id: already reserved")
         token = secrets.token_bytes(16)
         self.reservations[work.request_id] = Reservation(token, request)
+        await asyncio.sleep(self.knobs.reserve_answer_seconds)  # a cancel here keeps the blocks
         return common_pb2.TransferDescriptor(
             request_id=work.request_id,
             worker_address=b"fake-ucx-address",

@@ -157,6 +157,31 @@ def test_client_cancel_during_prefill_reaches_prefill_and_decode(
     asyncio.run(body())
 
 
+def test_a_reserve_cut_short_with_its_answer_in_flight_is_aborted(
+    router_stack: Any, wait_for: Any
+) -> None:
+    """Decode granted the reservation but the router stopped waiting for the answer (client
+    cancel, deadline): only an Abort frees those blocks before decode's reservation TTL."""
+
+    async def body() -> None:
+        async with router_stack() as stack:
+            decode = stack.tiers.decode[0]
+            decode.knobs.reserve_answer_seconds = 5.0
+            cancelled = asyncio.create_task(
+                stack.client.generate(build_request([1], request_id="cancelled"), timeout=30)
+            )
+            await wait_for(lambda: len(decode.reservations) == 1)
+            cancelled.cancel()
+            await wait_for(lambda: decode.reservations == {})
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await stack.client.generate(build_request([1], request_id="late"), timeout=0.5)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await wait_for(lambda: decode.reservations == {})
+            assert decode.aborts == [r.request.request_id for r in decode.reserves]
+
+    asyncio.run(body())
+
+
 def test_deadline_becomes_downstream_timeouts_and_deadline_exceeded(
     router_stack: Any, wait_for: Any
 ) -> None:
