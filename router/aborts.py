@@ -58,10 +58,17 @@ class Aborts:
 
     async def _abort(self, decode: Worker[DecodeAsyncStub], request_id: str) -> None:
         """Decode.Abort until it answers: it is idempotent, and a lost one would hold the
-        reservation's blocks until decode's reservation TTL. Each try gets twice the time."""
+        reservation's blocks until decode's reservation TTL. Each try gets twice the time, and
+        waits twice as long before it: a pod cut off for a while (a partition) gets its aborts
+        once it is back, not five refusals within its first seconds away."""
         timeout = self.config.abort_timeout_seconds
+        backoff = min(timeout, 1.0)
         try:
             for attempt in range(1, self.config.abort_attempts + 1):
+                if attempt > 1:
+                    await asyncio.sleep(backoff)
+                    timeout *= 2
+                    backoff *= 2
                 try:
                     await decode.stub.Abort(
                         decode_pb2.AbortRequest(request_id=request_id), timeout=timeout
@@ -75,7 +82,5 @@ class Aborts:
                         attempt,
                         error.code().name,
                     )
-                    await asyncio.sleep(min(timeout, 1.0))
-                    timeout *= 2
         finally:
             self.registry.decode.release(decode)

@@ -233,6 +233,10 @@ class WorkerPool(Generic[StubT]):
     async def _poll_one(self, worker: Worker[StubT]) -> None:
         try:
             report = await worker.stub.Load(common_pb2.LoadRequest(), timeout=self._load_timeout)
+        except asyncio.CancelledError:
+            if _this_task_is_cancelled():
+                raise
+            return  # the worker left and its channel closed under the call: nothing to learn
         except grpc.aio.AioRpcError as error:
             worker.failed_polls += 1
             # A refused connection is a dead (or not yet started) process: out at once. A slow
@@ -349,6 +353,13 @@ class Registry:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.prefill.close()
         await self.decode.close()
+
+
+def _this_task_is_cancelled() -> bool:
+    """Whether the running task itself is being cancelled: grpc also raises CancelledError in a
+    call whose channel was closed, which must not end the task awaiting it (the poll loop)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _every(interval: float, action: Callable[[], Awaitable[None]]) -> None:

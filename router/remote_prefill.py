@@ -9,8 +9,9 @@
     hand-off: the prompt KV is in the decode worker's reserved blocks
 
 Every call gets the time left before the client's deadline as its timeout. A failure or cancel
-after Reserve aborts the reservation in the background (`Aborts`), and so does a Reserve cancelled
-or expired on its way back: decode may have granted it with the answer in flight.
+after Reserve aborts the reservation in the background (`Aborts`), and so does a Reserve cut short
+on its way (cancelled, expired, its connection broken): decode may have granted it with the
+answer in flight.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _RETRY_RESERVE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
-# A Reserve ended by the caller's side: decode may hold the reservation with its answer in flight.
-_RESERVE_CUT_SHORT = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+# A Reserve that failed on its way (deadline, cancel, a broken connection) rather than being
+# refused by decode: decode may hold the reservation, its answer lost in flight.
+_RESERVE_CUT_SHORT = frozenset(
+    {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE}
+)
 # Failures before hand-off that another prefill worker may not repeat (a dead process gives
 # UNAVAILABLE to its in-flight calls).
 _RETRY_PREFILL = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL})

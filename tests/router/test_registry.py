@@ -66,11 +66,9 @@ class FakeDns:
 
 
 def _dns_config(static_prefill: str, **overrides: Any) -> RouterConfig:
+    fields: dict[str, Any] = {"load_poll_interval_seconds": 30.0, **overrides}
     return RouterConfig(
-        prefill_targets=static_prefill,
-        decode_targets="dns:///decode.test:50071",
-        load_poll_interval_seconds=30.0,
-        **overrides,
+        prefill_targets=static_prefill, decode_targets="dns:///decode.test:50071", **fields
     )
 
 
@@ -217,6 +215,33 @@ def test_slow_load_answers_need_three_in_a_row_to_mark_unhealthy() -> None:
             await registry.poll()
             with pytest.raises(NoHealthyWorkerError):
                 registry.decode.pick()
+            await registry.close()
+
+    asyncio.run(body())
+
+
+def test_a_worker_leaving_during_its_load_poll_does_not_stop_the_polling() -> None:
+    """Its channel closes under the Load in flight, and grpc raises CancelledError in the poll:
+    that once ended the background poll loop for good, and no worker added after it was ever
+    found healthy (a pod scaled up under load then got no traffic)."""
+
+    async def body() -> None:
+        async with fake_tiers(num_prefill=1, num_decode=2) as tiers:
+            leaving, joining = tiers.decode_addresses
+            dns = FakeDns()
+            dns.answer = [leaving]
+            config = _dns_config(tiers.prefill_addresses[0], load_poll_interval_seconds=0.05)
+            registry = Registry(config, resolver=dns)
+            await registry.start()
+            tiers.decode[0].knobs.load_delay_seconds = 30.0  # its next Load stays in flight
+            await asyncio.sleep(0.3)
+            dns.answer = [joining]
+            await registry.refresh()  # `leaving` is gone: its channel closes under the Load
+            for _ in range(100):
+                if registry.decode.healthy_count() == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert registry.decode.pick().address == joining
             await registry.close()
 
     asyncio.run(body())
