@@ -20,6 +20,8 @@ from pdserve.router.targets import (
 )
 from pdserve.testing.fake_tiers import fake_tiers
 
+from .conftest import eventually
+
 
 def test_parse_static_list_and_dns_name() -> None:
     assert parse_targets("--prefill", " a:1, b:2 ,a:1,[::1]:3") == StaticTargets(
@@ -122,11 +124,7 @@ def test_dns_is_re_resolved_in_the_background() -> None:
             registry = Registry(config, resolver=dns)
             await registry.start()
             dns.answer = [a, b]
-            for _ in range(100):
-                if set(registry.decode.workers) == {a, b}:
-                    break
-                await asyncio.sleep(0.02)
-            assert set(registry.decode.workers) == {a, b}
+            await eventually(lambda: set(registry.decode.workers) == {a, b})
             await registry.close()
 
     asyncio.run(body())
@@ -237,10 +235,7 @@ def test_a_worker_leaving_during_its_load_poll_does_not_stop_the_polling() -> No
             await asyncio.sleep(0.3)
             dns.answer = [joining]
             await registry.refresh()  # `leaving` is gone: its channel closes under the Load
-            for _ in range(100):
-                if registry.decode.healthy_count() == 1:
-                    break
-                await asyncio.sleep(0.02)
+            await eventually(lambda: registry.decode.healthy_count() == 1)
             assert registry.decode.pick().address == joining
             await registry.close()
 
