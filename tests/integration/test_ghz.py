@@ -31,7 +31,7 @@ CONFIGS = sorted((REPO / "loadtest").glob("*.json"))
 # config keeps its rate and sends SMALL_RATED_TOTAL calls (`-z 0 -n N`), not a shorter duration:
 # at the end of a duration ghz's pacer picks at random between its next tick and the stop signal
 # (a Go select), so a timed run makes floor(rps x duration) calls plus a random few.
-SMALL_TOTAL = 16
+SMALL_TOTAL = 8  # one wave at the shipped concurrency (8)
 SMALL_RATED_TOTAL = 8
 # The percentiles compared, and how far apart the two tools' figures may be (larger / smaller).
 # Both time the same server back to back, but each run lasts seconds on two cores that other
