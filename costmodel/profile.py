@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from pdserve.costmodel.host import HostFingerprint, warn_if_foreign
 from pdserve.costmodel.step_shape import StepShape
 
 PROFILE_VERSION = 1
@@ -104,6 +105,7 @@ class Profile:
     samples: tuple[StepSample, ...] = ()
     contention: float = 1.0  # median wall / CPU time of the profiled steps (CPU fits only)
     serving: ServingCosts = field(default_factory=ServingCosts)
+    host: HostFingerprint | None = None  # None: a profile made before fingerprints
     version: int = PROFILE_VERSION
 
     def offline_step_seconds(self, shape: StepShape) -> float:
@@ -119,6 +121,7 @@ class Profile:
         document = {
             "version": self.version,
             "environment": dict(self.environment),
+            "host": None if self.host is None else self.host.to_json(),
             "block_size": self.block_size,
             "fitted": {
                 "features": list(FEATURES),
@@ -180,13 +183,16 @@ def fit_r2(profile: Profile, samples: Sequence[StepSample]) -> float | None:
 
 
 def load_profile(path: Path) -> Profile:
+    """The profile at `path`; warns (once) when it was measured on another host."""
     try:
         document = json.loads(path.read_text())
     except OSError as error:
         raise ProfileError(f"profile: cannot read {path}: {error.strerror}") from error
     except json.JSONDecodeError as error:
         raise ProfileError(f"profile: {path} is not valid JSON: {error.msg}") from error
-    return parse_profile(document)
+    profile = parse_profile(document)
+    warn_if_foreign(profile.host, f"profile {path}")
+    return profile
 
 
 def parse_profile(document: Any) -> Profile:
@@ -212,8 +218,16 @@ def parse_profile(document: Any) -> Profile:
         contention = float(fitted.get("contention", 1.0))
         block_size = int(document["block_size"])
         serving = ServingCosts(**document.get("serving", {}))
+        host = document.get("host")
         return Profile(
-            model, blocks, block_size, document["environment"], samples, contention, serving
+            model,
+            blocks,
+            block_size,
+            document["environment"],
+            samples,
+            contention,
+            serving,
+            None if host is None else HostFingerprint.from_json(host),
         )
     except (KeyError, TypeError) as error:
         raise ProfileError(f"profile: missing or malformed field {error}") from error

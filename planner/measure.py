@@ -25,6 +25,7 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
 from pdserve.core.transfer.interface import TOKEN_NBYTES
 from pdserve.core.transfer.staging import Staging, block_index
+from pdserve.costmodel.host import this_host
 from pdserve.costmodel.profile import (
     BlockCosts,
     Profile,
@@ -167,6 +168,7 @@ def measure(model_dir: Path, config: EngineConfig, repeats: int, seed: int = 0) 
         environment,
         tuple(samples),
         contention_of(samples) if cpu_clock else 1.0,
+        host=this_host(),
     )
 
 
