@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 # pdserve.X -> folder, as pyproject's package-dir maps them (the root package `pdserve` aside).
 PACKAGE_DIRS = {
@@ -51,6 +53,7 @@ def build_package_tree(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow  # a minute from a cold cache: not in the edit-loop subset
 def test_mypy_strict_is_clean(tmp_path: Path) -> None:
     tree = build_package_tree(tmp_path / "tree")
     env = {**os.environ, "MYPYPATH": str(tree)}

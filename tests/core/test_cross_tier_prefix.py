@@ -20,6 +20,8 @@ from pdserve.prefill_service.engine import PrefillEngine
 from tests.conftest import SHARED_MAX_TOKENS
 from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=SHARED_MAX_TOKENS, temperature=0.0)
 

@@ -11,6 +11,8 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 SCENARIOS = {
     "roomy": EngineConfig(num_kv_blocks=256),
     # Too few blocks for all eight at once: running requests get swapped out to the CPU pool.

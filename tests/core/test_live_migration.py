@@ -29,6 +29,8 @@ from pdserve.decode_service.engine import DecodeEngine, DecodeLimits, Suspension
 from pdserve.prefill_service.engine import PrefillEngine
 from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 MAX_TOKENS = 24
 # Never in the output: the detokenizer holds back its length - 1 characters, which the draining
 # worker never releases and the other one must.

@@ -11,6 +11,8 @@ from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from tests.core.test_greedy_matches_hf import SCENARIOS, assert_engine_empty
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 N = 4
 
 

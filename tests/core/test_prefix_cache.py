@@ -19,6 +19,8 @@ from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_
 from tests.conftest import SHARED_MAX_TOKENS
 from tests.core.test_greedy_matches_hf import SCENARIOS, assert_engine_empty
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 # The cache on under every scheduling path; off once (test_greedy_matches_hf covers the rest).
 CASES = [(scenario, True) for scenario in SCENARIOS] + [("roomy", False)]
 

@@ -22,6 +22,8 @@ from tests.conftest import SHARED_MAX_TOKENS
 from tests.core.test_greedy_matches_hf import SCENARIOS, assert_engine_empty, assert_scenario_ran
 from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 SPEC = {"speculative": "ngram", "num_speculative_tokens": 4}
 
 

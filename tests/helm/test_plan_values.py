@@ -18,6 +18,8 @@ from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.router.main import router_config_from_args
 from pdserve.router.placement.prefill_place import PlacementConfig
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 Manifest = dict[str, Any]
 Render = Callable[[dict[str, Any], str, str], list[Manifest]]
 CHART_DIR = Path(__file__).resolve().parents[2] / "helm" / "pdserve"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 pytest.importorskip("triton")
 
 ARCHS = (80, 90)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 pytest.importorskip("triton")
 
 CASES = Path(__file__).with_name("interpreter_cases.py")

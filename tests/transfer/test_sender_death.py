@@ -8,6 +8,8 @@ from ucx_peers import TRANSPORTS, Peer, PeerError
 
 from pdserve.core.kv.cache import KVLayout
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 # The real model's block shape: 64 blocks are 46 MB, a transfer of tens of milliseconds, so the
 # sender can die while decode is still pulling the bytes (CMA over shared memory).
 BIG = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype="float32")

@@ -13,6 +13,8 @@ from ucx_peers import LAYOUT, Peer
 
 from pdserve.core.transfer.staging import staging_nbytes
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 NUM_PIECES = 3
 SRC_BLOCKS = [3, 7, 1]
 DST_BLOCKS = [10, 2, 5]

@@ -10,6 +10,8 @@ import torch
 import ucx_peers
 from ucx_peers import LAYOUT, Peer, PeerError
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 SRC_BLOCKS = [3, 7, 1]
 DST_BLOCKS = [10, 2, 5]
 NUM_TOKENS = 40  # 3 blocks of 16, the last one part-filled: whole blocks still travel

@@ -20,6 +20,8 @@ from pdserve.local.netns import PodNetwork, choose_subnet, host_routes
 
 from ..chaos.netns_up import require_netns
 
+pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
+
 PREFIX = "pdsvp"  # no router port: a name no `pdserve up` uses
 SEND_TIMEOUT_S = 30.0  # the tiers' default: the live transfer must not need a longer one
 PUSHES_RETURN_WITHIN_S = 1.0  # the engine thread's part: gathers and posts
