@@ -74,14 +74,22 @@ def _dns_config(static_prefill: str, **overrides: Any) -> RouterConfig:
     )
 
 
+async def _started_on_dns(
+    tiers: Any, answer: list[str], **overrides: Any
+) -> tuple[FakeDns, Registry]:
+    """A registry whose decode tier is a DNS name (answering `answer`), started."""
+    dns = FakeDns()
+    dns.answer = answer
+    registry = Registry(_dns_config(tiers.prefill_addresses[0], **overrides), resolver=dns)
+    await registry.start()
+    return dns, registry
+
+
 def test_dns_workers_come_and_go_and_in_flight_calls_keep_theirs() -> None:
     async def body() -> None:
         async with fake_tiers(num_prefill=1, num_decode=3) as tiers:
             a, b, c = tiers.decode_addresses
-            dns = FakeDns()
-            dns.answer = [a, b]
-            registry = Registry(_dns_config(tiers.prefill_addresses[0]), resolver=dns)
-            await registry.start()
+            dns, registry = await _started_on_dns(tiers, [a, b])
             pool = registry.decode
             assert dns.asked[0] == ("decode.test", 50071)
             assert set(pool.workers) == {a, b} and pool.healthy_count() == 2
@@ -118,11 +126,7 @@ def test_dns_is_re_resolved_in_the_background() -> None:
     async def body() -> None:
         async with fake_tiers(num_prefill=1, num_decode=2) as tiers:
             a, b = tiers.decode_addresses
-            dns = FakeDns()
-            dns.answer = [a]
-            config = _dns_config(tiers.prefill_addresses[0], resolve_interval_seconds=0.05)
-            registry = Registry(config, resolver=dns)
-            await registry.start()
+            dns, registry = await _started_on_dns(tiers, [a], resolve_interval_seconds=0.05)
             dns.answer = [a, b]
             await eventually(lambda: set(registry.decode.workers) == {a, b})
             await registry.close()
@@ -226,11 +230,7 @@ def test_a_worker_leaving_during_its_load_poll_does_not_stop_the_polling() -> No
     async def body() -> None:
         async with fake_tiers(num_prefill=1, num_decode=2) as tiers:
             leaving, joining = tiers.decode_addresses
-            dns = FakeDns()
-            dns.answer = [leaving]
-            config = _dns_config(tiers.prefill_addresses[0], load_poll_interval_seconds=0.05)
-            registry = Registry(config, resolver=dns)
-            await registry.start()
+            dns, registry = await _started_on_dns(tiers, [leaving], load_poll_interval_seconds=0.05)
             tiers.decode[0].knobs.load_delay_seconds = 30.0  # its next Load stays in flight
             await asyncio.sleep(0.3)
             dns.answer = [joining]
