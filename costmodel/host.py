@@ -62,7 +62,7 @@ class HostFingerprint:
         return cls(str(document["cpu_model"]), tuple(str(f) for f in flags), cpus)
 
     def differences(self, other: HostFingerprint) -> list[str]:
-        """What differs from `other`, one phrase per field ('' when nothing does)."""
+        """What differs from `other`, one phrase per field (empty when nothing does)."""
         mine, theirs = self.to_json(), other.to_json()
         return [
             f"{name} {mine[name]!r} here, {theirs[name]!r} there"
