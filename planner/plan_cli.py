@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -30,6 +29,7 @@ from pdserve.planner.plan import (
     format_row,
     search,
 )
+from pdserve.planner.real_runs import log_folder
 from pdserve.planner.verify import verify
 from pdserve.planner.workload import (
     PoissonSpec,
@@ -89,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
     )
     args.out.write_text(header + yaml.safe_dump(values, sort_keys=False))
     if args.verify:
-        log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-plan-verify-"))
         model_dir = resolve_model(args.model)
-        checked = verify(result.best, profile, requests, args.rate, slo, model_dir, log_dir)
+        with log_folder(args.log_dir, "plan-verify") as log_dir:
+            checked = verify(result.best, profile, requests, args.rate, slo, model_dir, log_dir)
         print(json.dumps(checked) if args.json else f"verify: {checked}", flush=True)
     elif args.json:
         print(json.dumps(_plan_json(result.best, args.out)))

@@ -8,15 +8,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from pdserve.bench.arg_types import positive_ints
 from pdserve.core.config import EngineConfig
 from pdserve.core.model.source import resolve_model
 from pdserve.costmodel.profile import FEATURES, Profile, fit_r2, load_profile
 from pdserve.planner.measure import measure, pin_to
-from pdserve.planner.serving_calibration import calibrate
+from pdserve.planner.real_runs import log_folder
+from pdserve.planner.serving_calibration import BURSTS, calibrate
 
 ALL_CPUS = frozenset(os.sched_getaffinity(0))  # before the offline profile pins this process
 
@@ -32,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--serving", action="store_true", help="also calibrate serving costs (real 1P1D on 2 cores)"
     )
     parser.add_argument("--from", dest="base", type=Path, help="offline profile to start from")
+    parser.add_argument(
+        "--bursts",
+        type=positive_ints,
+        default=list(BURSTS),
+        help="--serving: burst sizes to calibrate on, comma list, two or more "
+        f"(default: {','.join(map(str, BURSTS))})",
+    )
     parser.add_argument("--log-dir", type=Path, help="keep the serving run's worker logs here")
 
 
@@ -39,11 +47,14 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print("pdserve profile: --repeats: must be >= 1", file=sys.stderr)
         return 2
+    if len(set(args.bursts)) < 2:
+        print("pdserve profile: --bursts: two or more sizes fit a line", file=sys.stderr)
+        return 2
     model_dir = resolve_model(args.model)
     profile = load_profile(args.base) if args.base else _measure_offline(args, model_dir)
     if args.serving:
-        log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="pdserve-serving-"))
-        serving = calibrate(model_dir, profile, EngineConfig(), log_dir)
+        with log_folder(args.log_dir, "serving") as log_dir:
+            serving = calibrate(model_dir, profile, EngineConfig(), log_dir, args.bursts)
         profile = replace(profile, serving=serving)
         print(
             f"serving: per step {serving.per_step_s * 1e3:.2f} ms, per streamed token "

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,3 +194,15 @@ def _seen(result: CallResult) -> Seen:
     ttft = None if result.first_token_ns is None else result.first_token_ns / 1e9
     gaps = tuple(gap / 1e9 for gap in result.token_gaps_ns)
     return Seen(ttft, gaps, result.output_tokens, result.ok)
+
+
+@contextlib.contextmanager
+def log_folder(kept: Path | None, purpose: str) -> Iterator[Path]:
+    """Where a run's worker logs go: `kept` when the user named one (left in place), else a
+    temporary folder removed when the run ends."""
+    if kept is not None:
+        kept.mkdir(parents=True, exist_ok=True)
+        yield kept
+        return
+    with tempfile.TemporaryDirectory(prefix=f"pdserve-{purpose}-") as temporary:
+        yield Path(temporary)

@@ -2,8 +2,9 @@
 measured through real processes in a run of its own (never the run a prediction is checked on).
 
 A 1P1D cluster (pinned as real_runs.py says) serves bursts of B identical requests (B = 1, 2, 4,
-8, 16; 32-token prompts, 48 output tokens, fresh prompts each burst). The simulator, given the
-offline profile alone, predicts the same bursts. Two residuals are fitted:
+8, 16 unless `--bursts` says otherwise; 32-token prompts, 48 output tokens, fresh prompts each
+burst). The simulator, given the offline profile alone, predicts the same bursts. Two residuals
+are fitted:
 
 - ITL: the real median gap minus the simulated one, per burst, is `per_step_s + per_token_s * B`
   (least squares, both >= 0): the loop turn around each step, and each streamed token's sink,
@@ -37,13 +38,17 @@ def burst(size: int) -> list[TraceRequest]:
 
 
 def calibrate(
-    model_dir: Path, profile: Profile, engine: EngineConfig, log_dir: Path
+    model_dir: Path,
+    profile: Profile,
+    engine: EngineConfig,
+    log_dir: Path,
+    bursts: Sequence[int] = BURSTS,
 ) -> ServingCosts:
     real: dict[int, list[Seen]] = {}
     router_flags = PlacementConfig().router_flags()
     with running_cluster(1, 1, model_dir, engine, router_flags, log_dir) as cluster:
         warm_up(cluster)
-        for size in BURSTS:
+        for size in sorted(set(bursts)):
             real[size] = run_trace(cluster, burst(size), Arrivals(0.0), seed=f"serving/{size}")
     return fit_serving(profile, engine, real)
 

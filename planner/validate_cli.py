@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from pdserve.planner.fidelity import (
     figures,
     simulate_seen,
 )
-from pdserve.planner.real_runs import Arrivals, run_trace, running_cluster, warm_up
+from pdserve.planner.real_runs import Arrivals, log_folder, run_trace, running_cluster, warm_up
 from pdserve.planner.workload import PoissonSpec, TraceRequest, Workload, requests_of
 from pdserve.router.placement.prefill_place import PlacementConfig
 
@@ -67,14 +66,15 @@ def run_validation(
             f"--configs: each of {sorted(CONFIGS)}, --rates > 0, --repeats >= 1 "
             f"(got {args.configs!r}, {args.rates!r}, {args.repeats})"
         )
-    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="pdserve-validate-"))
     slo = RequestSlo(args.slo_ttft, args.slo_tpot)
     lines: list[dict[str, Any]] = []
-    for name in configs:
-        for point in _validate_config(name, rates, args, profile, workload, engine, slo, out_dir):
-            for line in point_lines(point):
-                print(json.dumps(line) if args.json else _text(line), flush=True)
-                lines.append(line)
+    with log_folder(args.out_dir, "validate") as out_dir:
+        for name in configs:
+            points = _validate_config(name, rates, args, profile, workload, engine, slo, out_dir)
+            for point in points:
+                for line in point_lines(point):
+                    print(json.dumps(line) if args.json else _text(line), flush=True)
+                    lines.append(line)
     verdict = summary(lines)
     print(json.dumps(verdict) if args.json else _verdict_text(verdict), flush=True)
     if args.plot:

@@ -1,13 +1,33 @@
 """Session-wide fixtures: the real default model (prepared once into the user cache), prompts of
-many lengths and transformers' greedy outputs for them (the oracle every path must match)."""
+many lengths and transformers' greedy outputs for them (the oracle every path must match), and
+strict mypy started in the background."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+MYPY_TEST = "test_mypy_strict_is_clean"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mypy_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """Strict mypy, started before the run's first test when the run includes MYPY_TEST
+    (tests/test_static_checks.py): a minute of one core from a cold cache that overlaps the
+    tests that wait (on streams, drains, timeouts) instead of adding a minute at the end."""
+    test = next((item for item in request.session.items if item.name == MYPY_TEST), None)
+    if test is None:
+        yield None
+        return
+    run = test.module.start_mypy(tmp_path_factory.mktemp("mypy-tree"))
+    yield run
+    run.stop()
 
 
 @pytest.fixture(scope="session")
