@@ -11,7 +11,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from pdserve.bench.arg_types import positive_ints
 from pdserve.core.config import EngineConfig
 from pdserve.core.model.source import resolve_model
 from pdserve.costmodel.profile import FEATURES, Profile, fit_r2, load_profile
@@ -35,8 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="base", type=Path, help="offline profile to start from")
     parser.add_argument(
         "--bursts",
-        type=positive_ints,
-        default=list(BURSTS),
+        default=",".join(map(str, BURSTS)),
         help="--serving: burst sizes to calibrate on, comma list, two or more "
         f"(default: {','.join(map(str, BURSTS))})",
     )
@@ -47,14 +45,18 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print("pdserve profile: --repeats: must be >= 1", file=sys.stderr)
         return 2
-    if len(set(args.bursts)) < 2:
-        print("pdserve profile: --bursts: two or more sizes fit a line", file=sys.stderr)
+    bursts = _burst_sizes(args.bursts)
+    if bursts is None:
+        print(
+            f"pdserve profile: --bursts: two or more sizes >= 1 fit a line, got {args.bursts!r}",
+            file=sys.stderr,
+        )
         return 2
     model_dir = resolve_model(args.model)
     profile = load_profile(args.base) if args.base else _measure_offline(args, model_dir)
     if args.serving:
         with log_folder(args.log_dir, "serving") as log_dir:
-            serving = calibrate(model_dir, profile, EngineConfig(), log_dir, args.bursts)
+            serving = calibrate(model_dir, profile, EngineConfig(), log_dir, bursts)
         profile = replace(profile, serving=serving)
         print(
             f"serving: per step {serving.per_step_s * 1e3:.2f} ms, per streamed token "
@@ -63,6 +65,15 @@ def run(args: argparse.Namespace) -> int:
     profile.save(args.out)
     print(f"wrote {args.out}")
     return 0
+
+
+def _burst_sizes(text: str) -> list[int] | None:
+    """The distinct sizes of a comma list, or None unless they are two or more, each >= 1."""
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        return None
+    return sizes if len(sizes) >= 2 and sizes[0] >= 1 else None
 
 
 def _measure_offline(args: argparse.Namespace, model_dir: Path) -> Profile:
