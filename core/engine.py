@@ -37,6 +37,7 @@ from pdserve.core.spec.proposer import make_proposer
 from pdserve.core.spec.speculator import Speculator
 from pdserve.core.text.detokenizer import IncrementalDetokenizer
 from pdserve.core.text.tokenizer import load_tokenizer
+from pdserve.costmodel.step_shape import StepShape
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()
+        # What the last step ran, as the cost model prices a step (None: it swapped blocks,
+        # which are priced apart): the serving loop times steps against it.
+        self.last_step_shape: StepShape | None = None
 
     # -- requests -------------------------------------------------------------------------
 
@@ -305,6 +309,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose([r for r in self.scheduler.running if self._may_draft(r)])
         output = self.scheduler.schedule()
+        self.last_step_shape = self._priced_shape(output)
         now = time.monotonic()
         for request_id in output.num_scheduled_tokens:
             request = self.requests[request_id]
@@ -321,6 +326,12 @@ class LLMEngine:
             else self._append(self.requests[rid], tokens[0])
             for rid, tokens in sampled.items()
         ]
+
+    def _priced_shape(self, output: SchedulerOutput) -> StepShape | None:
+        if output.swap_out or output.swap_in:
+            return None
+        scheduled = output.num_scheduled_tokens.items()
+        return StepShape.of([(self.requests[rid].num_computed_tokens, n) for rid, n in scheduled])
 
     def _after_layer(self, output: SchedulerOutput) -> Callable[[int], None] | None:
         """What the forward pass calls after each layer wrote its K/V (none here; the prefill

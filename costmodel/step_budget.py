@@ -40,12 +40,14 @@ what the router's adaptive placement and the planner's simulator read.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from pdserve.costmodel.correction import Correction, StepRecorder, StepWindow, correction_from
 from pdserve.costmodel.profile import Profile
 from pdserve.costmodel.step_shape import StepShape
 
@@ -82,12 +84,14 @@ class ItlMode(enum.Enum):
 
 @dataclass(frozen=True)
 class StepCosts:
-    """The cost model a worker steps by: its profile, token budget and ITL SLO (None: off)."""
+    """The cost model a worker steps by: its profile, token budget and ITL SLO (None: off), and
+    what the worker's measured steps say of the profile (costmodel/correction.py)."""
 
     profile: Profile
     max_num_batched_tokens: int
     itl_slo_s: float | None = None
     itl_mode: ItlMode = ItlMode.STEP
+    correction: Correction = dataclasses.field(default_factory=Correction)
 
     def __post_init__(self) -> None:
         if self.itl_slo_s is not None and not self.itl_slo_s > 0:
@@ -98,7 +102,11 @@ class StepCosts:
             )
 
     def seconds(self, shape: StepShape) -> float:
-        return self.profile.step_seconds(shape)
+        return self.profile.step_seconds(shape) * self.correction.factor(shape)
+
+    def corrected(self, measured: Iterable[StepWindow]) -> StepCosts:
+        """These costs for a worker whose recent steps measured `measured`."""
+        return dataclasses.replace(self, correction=correction_from(self.profile, measured))
 
     def for_step(self, decodes: StepShape) -> SloPrefillLimit:
         """A step's limit with every step held within the SLO (what predictions assume)."""
@@ -121,24 +129,40 @@ class StepCosts:
 class WorkerStepBudget:
     """A worker scheduler's step budget (core.step_plan.StepBudget): the step's cap from
     `costs.itl_mode`, on `clock` (the simulator passes its own). In `mean` mode it remembers
-    when each running stream took its first decode here and how many tokens it had."""
+    when each running stream took its first decode here and how many tokens it had. With a
+    `recorder` (the worker's own measured steps) every step is priced by the corrected costs."""
 
-    def __init__(self, costs: StepCosts, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        costs: StepCosts,
+        clock: Callable[[], float] = time.monotonic,
+        recorder: StepRecorder | None = None,
+    ) -> None:
         self.costs = costs
         self._clock = clock
+        self._recorder = recorder
         self._first_decode: dict[str, tuple[float, int]] = {}  # request id -> (when, tokens)
 
-    def for_step(self, decodes: Sequence[RunningStream]) -> SloPrefillLimit:
-        shape = StepShape.decodes(len(decodes), sum(r.num_tokens for r in decodes))
-        return SloPrefillLimit(self.costs, shape, self._cap(decodes, shape))
+    def current_costs(self) -> StepCosts:
+        """The costs as corrected by the steps measured so far."""
+        if self._recorder is None:
+            return self.costs
+        return self.costs.corrected(self._recorder.windows)
 
-    def _cap(self, decodes: Sequence[RunningStream], shape: StepShape) -> float | None:
-        slo = self.costs.itl_slo_s
-        if slo is None or self.costs.itl_mode is ItlMode.STEP:
+    def for_step(self, decodes: Sequence[RunningStream]) -> SloPrefillLimit:
+        costs = self.current_costs()
+        shape = StepShape.decodes(len(decodes), sum(r.num_tokens for r in decodes))
+        return SloPrefillLimit(costs, shape, self._cap(costs, decodes, shape))
+
+    def _cap(
+        self, costs: StepCosts, decodes: Sequence[RunningStream], shape: StepShape
+    ) -> float | None:
+        slo = costs.itl_slo_s
+        if slo is None or costs.itl_mode is ItlMode.STEP:
             return slo
         now = self._clock()
         self._remember(decodes, now)
-        spare_per_gap = max(slo - self.costs.seconds(shape), 0.0)  # a decode-only step's slack
+        spare_per_gap = max(slo - costs.seconds(shape), 0.0)  # a decode-only step's slack
         caps = []
         for request in decodes:
             since, tokens = self._first_decode[request.request_id]

@@ -78,3 +78,10 @@ ROLE_CHANGES = Counter(
     "streams were done (role prefill) (router/placement/roles.py)",
     ["role"],
 )
+STEP_CORRECTION = Gauge(
+    "pdserve_router_step_correction",
+    "Measured / predicted step time of each worker by step phase, from its Load reports: the "
+    "factor adaptive placement scales --profile by for that worker (costmodel/correction.py; "
+    "1: too few steps yet). Only with --profile",
+    ["phase", "tier", "worker"],
+)

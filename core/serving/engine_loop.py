@@ -7,6 +7,10 @@ make with `loop.call_soon_threadsafe`. If a step raises, every in-flight request
 take the worker down. A request may instead join a `StepGroup` (the decode tier's Multiplex
 stream): the group gets every item of a step, then one `flush`, so that one hand-over to asyncio
 (and one message to the router) carries the step's tokens of all its requests.
+
+Each step is timed from its start to its tokens handed over and recorded by what it ran (`steps`,
+costmodel/correction.py): the worker's Load reports those windows, and cost models correct their
+predictions for this worker by them.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from pdserve.core.engine import LLMEngine
 from pdserve.core.outputs import TokenDelta
+from pdserve.costmodel.correction import StepRecorder
 
 T = TypeVar("T")
 Sink = Callable[[TokenDelta | BaseException], None]
@@ -65,6 +71,7 @@ class EngineLoop:
         self._groups: dict[str, StepGroup] = {}
         self._touched: dict[int, StepGroup] = {}  # groups given items since their last flush
         self._poll_interval_s = poll_interval_s
+        self.steps = StepRecorder()  # this worker's recent steps, timed
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
 
@@ -118,8 +125,12 @@ class EngineLoop:
                     self._deliver(request_id, item)
                 self._flush_groups()
             if self.engine.has_unfinished():
-                self._step()
+                started = time.perf_counter()
+                stepped = self._step()
                 self._flush_groups()
+                shape = self.engine.last_step_shape
+                if stepped and shape is not None:
+                    self.steps.record(shape, time.perf_counter() - started)
 
     def busy(self) -> bool:
         """Whether any request is still in flight here (for draining)."""
@@ -152,15 +163,17 @@ class EngineLoop:
                 return
             command()
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step and its deliveries; False if it failed."""
         try:
             deltas = self.engine.step()
         except Exception as error:  # reported to every request; the loop survives
             log.exception("engine step failed; failing every in-flight request")
             self._fail_all(error)
-            return
+            return False
         for delta in deltas:
             self._deliver(delta.request_id, delta)
+        return True
 
     def _deliver(self, request_id: str, item: TokenDelta | BaseException) -> None:
         last = isinstance(item, BaseException) or item.finished

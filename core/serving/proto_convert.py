@@ -5,10 +5,14 @@ sampling_proto.py (torch-free).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pdserve.core.kv.cache import KVLayout
 from pdserve.core.outputs import FinishReason
 from pdserve.core.sched.engine_load import EngineLoad
+from pdserve.core.serving.step_window_proto import step_windows_to_proto
 from pdserve.core.transfer.interface import TransferDescriptor
+from pdserve.costmodel.correction import StepWindow
 from pdserve.v1 import common_pb2
 
 _FINISH_REASONS = {
@@ -75,9 +79,10 @@ def descriptor_from_proto(message: common_pb2.TransferDescriptor) -> TransferDes
     )
 
 
-def load_to_proto(load: EngineLoad) -> common_pb2.LoadResponse:
+def load_to_proto(load: EngineLoad, step_windows: Iterable[StepWindow]) -> common_pb2.LoadResponse:
     """A worker's `Load` answer (both tiers answer the same way)."""
     return common_pb2.LoadResponse(
+        step_windows=step_windows_to_proto(step_windows),
         num_waiting=load.num_waiting,
         num_running=load.num_running,
         num_free_blocks=load.num_free_blocks,

@@ -163,7 +163,14 @@ def add_tier_arguments(parser: argparse.ArgumentParser, port: int, metrics_port:
         "slack its remaining tokens will leave)",
         choices=["step", "mean"],
     )
-    add_flag(group, "--profile", Path, None, "`pdserve profile`'s cost model (for --itl-slo)")
+    add_flag(
+        group,
+        "--profile",
+        Path,
+        None,
+        "`pdserve profile`'s cost model: prices steps for --itl-slo; its predictions and their "
+        "correction by the measured steps are exported as step gauges",
+    )
 
 
 def run_tier(

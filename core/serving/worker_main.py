@@ -17,6 +17,7 @@ import grpc
 from pdserve.core.config import EngineConfig
 from pdserve.core.serving.cli_config import engine_config_from_args
 from pdserve.core.serving.engine_loop import EngineLoop
+from pdserve.core.serving.step_metrics import register_step_gauges
 from pdserve.core.serving.tier_runtime import TierRuntime, run_tier
 from pdserve.costmodel.profile import load_profile
 from pdserve.costmodel.step_budget import ItlMode, StepCosts, WorkerStepBudget
@@ -39,19 +40,22 @@ def run_worker(args: argparse.Namespace, tier: WorkerTier) -> int:
 
     def build_loop() -> EngineLoop:
         loop = tier.build_loop(args)
-        budget = None if step_costs is None else WorkerStepBudget(step_costs)
-        loop.engine.scheduler.step_budget = budget
+        register_step_gauges(tier.command, loop.steps, step_costs)
+        if step_costs is not None and step_costs.itl_slo_s is not None:
+            budget = WorkerStepBudget(step_costs, recorder=loop.steps)  # corrected as it runs
+            loop.engine.scheduler.step_budget = budget
         return loop
 
     return run_tier(args, tier.service_name, tier.add_servicers, build_loop)
 
 
 def worker_step_costs(args: argparse.Namespace, config: EngineConfig) -> StepCosts | None:
-    """A worker's cost model from its flags (`--itl-slo`, `--profile`); None when off."""
-    if args.itl_slo is None:
-        return None
+    """A worker's cost model from `--profile` (its step gauges compare it with the measured
+    steps; with `--itl-slo` it also budgets each step); None without a profile."""
     if args.profile is None:
-        raise ValueError("--itl-slo: needs --profile (the cost model that prices a step)")
+        if args.itl_slo is not None:
+            raise ValueError("--itl-slo: needs --profile (the cost model that prices a step)")
+        return None
     return StepCosts(
         load_profile(args.profile),
         config.max_num_batched_tokens,

@@ -21,6 +21,10 @@ prompt tokens queued) with the same step arithmetic the workers' SLO budgets use
     cost   ttft + stall + decode (a second lost by the new request or by a running one counts
            the same)
 
+Each worker's steps are priced by the profile as corrected by that worker's measured steps (its
+Load reports them, costmodel/correction.py): a profile from another host, or a worker slower
+than its peers, is priced at what its steps take here.
+
 The cheapest option wins; exact ties go to the first in the order above (a short prompt on an
 idle decode worker stays there: no hand-off). The reason (`PlacementReason`, the members after
 LONG_PROMPT) names what decided. A prefill worker is offered streams only when idle or already
@@ -42,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.core.kv.block_pool import blocks_for
+from pdserve.costmodel.correction import StepWindow
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.router.placement.prefill_place import Placement, PlacementReason, PrefillPlace
@@ -63,6 +68,7 @@ class WorkerState:
     context_tokens: int = 0  # their context (prompt + output so far)
     pending_prompts: int = 0  # prompts accepted and not yet fully prefilled
     pending_prompt_tokens: int = 0  # their tokens still to compute
+    step_windows: tuple[StepWindow, ...] = ()  # its recent steps, measured (none: uncorrected)
 
     @property
     def idle(self) -> bool:
@@ -163,6 +169,7 @@ def _with_decode(
     """Prices its decode on `option.decode`: `output_tokens` steps with one stream more, each
     also slowing the streams already there by what one more stream adds to a step."""
     worker = option.decode
+    costs = costs.corrected(worker.step_windows)
     before = costs.seconds(worker.decodes) if worker.running else 0.0
     after = costs.seconds(worker.decodes + StepShape.decodes(1, prompt_tokens))
     per_token = after + worker.running * (after - before if worker.running else 0.0)
@@ -172,6 +179,7 @@ def _with_decode(
 def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _Prefill:
     """The steps `worker` takes for its queued prompts and then this one (0: none), beside its
     running streams."""
+    costs = costs.corrected(worker.step_windows)
     alone = costs.seconds(worker.decodes) if worker.running else 0.0
     prompts = worker.queued_prompts() + ((prompt_tokens,) if prompt_tokens else ())
     steps = [costs.seconds(shape) for shape, _ in costs.prefill_steps(worker.decodes, prompts)]

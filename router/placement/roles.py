@@ -25,6 +25,7 @@ import logging
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from pdserve.core.serving.step_window_proto import step_windows_from_proto
 from pdserve.router import metrics
 from pdserve.router.config import Tier
 from pdserve.router.placement.adaptive import WorkerRole, WorkerState
@@ -121,4 +122,5 @@ def _state(
         pending_prompts=report.num_waiting + sum(w.sent_prompts for w in both),
         pending_prompt_tokens=report.num_pending_prompt_tokens
         + sum(w.sent_prompt_tokens for w in both),
+        step_windows=tuple(step_windows_from_proto(report.step_windows)),
     )

@@ -3,10 +3,14 @@ check by hand: a step costs 50 ms, plus 1 ms per prompt token, plus 5 ms per dec
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from pdserve.costmodel.correction import StepPhase, StepWindow
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.costmodel.step_budget import StepCosts
+from pdserve.costmodel.step_shape import StepShape
 from pdserve.router.placement.adaptive import WorkerRole, WorkerState, place_adaptive
 from pdserve.router.placement.prefill_place import PlacementReason, PrefillPlace
 
@@ -110,3 +114,18 @@ def test_an_itl_slo_predicts_the_chunks_a_worker_will_take() -> None:
 def test_no_worker_that_can_take_the_request_is_an_error() -> None:
     with pytest.raises(ValueError, match="workers"):
         place_adaptive(10, 1, [], costs())
+
+
+def test_a_worker_whose_steps_run_slower_than_the_profile_is_priced_as_measured() -> None:
+    """Two decode workers under the same load: the first of equals wins until the first one's
+    Load shows its decode steps taking 3x what the profile says (a slower or busier host)."""
+    profile = costs().profile
+    step = StepShape.decodes(4, 400)  # eight of them, each taking 3x the prediction
+    slow = StepWindow(
+        StepPhase.DECODE, 8, StepShape.decodes(32, 3200), 24 * profile.step_seconds(step)
+    )
+    first, second = decode(running=4, name="a"), decode(running=4, name="b")
+    assert place_adaptive(50, 16, [first, second], costs()).option.decode.address == "a"
+    measured = dataclasses.replace(first, step_windows=(slow,))
+    choice = place_adaptive(50, 16, [measured, second], costs())
+    assert choice.option.decode.address == "b"

@@ -1,0 +1,118 @@
+"""Online correction through real processes: a 1P1D cluster whose router and workers are all given
+a profile with every cost doubled (the shipped profile, already from another host, made 2x more
+wrong). The decode worker's Load reports its recent steps; the correction they give, applied to
+the next burst's steps before those run, predicts them within 15 %; the router and the worker
+export the same factor."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.core.serving.step_window_proto import step_windows_from_proto
+from pdserve.costmodel.correction import (
+    MIN_STEPS,
+    WINDOW_STEPS,
+    StepPhase,
+    StepWindow,
+    correction_from,
+    predicted_seconds,
+)
+from pdserve.costmodel.profile import CostModel, Profile, ServingCosts, load_profile
+from pdserve.local.cluster import Cluster
+
+from .conftest import start_cluster
+from .helpers import labelled_metric, load, wait_all_blocks_free
+
+pytestmark = pytest.mark.integration
+
+SHIPPED = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
+STREAMS = 4
+# Each burst decodes more steps than a window holds: the second burst's window shares no step
+# with the first's.
+TOKENS = WINDOW_STEPS + 8
+WITHIN = 0.15
+
+
+def doubled(profile: Profile) -> Profile:
+    model = CostModel(tuple(2 * c for c in profile.model.coefficients))
+    serving = profile.serving
+    twice = ServingCosts(2 * serving.per_step_s, 2 * serving.per_token_s, 2 * serving.dispatch_s)
+    return dataclasses.replace(profile, model=model, serving=twice)
+
+
+@pytest.fixture(scope="module")
+def wrong_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "doubled.json"
+    doubled(load_profile(SHIPPED)).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, wrong_profile: Path
+) -> Iterator[Cluster]:
+    logs = tmp_path_factory.mktemp("correction-logs")
+    flags = ("--profile", str(wrong_profile))
+    running = start_cluster(model_dir, logs, 1, 1, router_args=flags, decode_args=flags)
+    yield running
+    running.stop()
+
+
+def _burst(cluster: Cluster, prompts: list[list[int]]) -> None:
+    sampling = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+
+    async def run() -> None:
+        async with GenerationClient.connect(cluster.router.address) as client:
+            requests = [build_request(prompt, sampling=sampling) for prompt in prompts]
+            await asyncio.gather(*(client.generate(request) for request in requests))
+
+    asyncio.run(run())
+
+
+def _decode_window(cluster: Cluster) -> StepWindow:
+    windows = step_windows_from_proto(load(cluster.decode[0]).step_windows)
+    (window,) = [w for w in windows if w.phase is StepPhase.DECODE]
+    return window
+
+
+def test_a_doubled_profile_predicts_the_next_steps_within_15_percent(
+    cluster: Cluster, wrong_profile: Path, prompts: list[list[int]]
+) -> None:
+    profile = load_profile(wrong_profile)
+    _burst(cluster, [prompt[:60] for prompt in prompts[4:8]])  # 60-token prompts
+    first = _decode_window(cluster)
+    assert first.steps == WINDOW_STEPS >= MIN_STEPS
+    correction = correction_from(profile, [first])
+    factor = correction.factors[StepPhase.DECODE]
+
+    _burst(cluster, [prompt[1:61] for prompt in prompts[4:8]])  # fresh prompts, same lengths
+    second = _decode_window(cluster)
+    uncorrected = predicted_seconds(profile, second)
+    corrected = uncorrected * factor
+    figures = f"{second.seconds:.3f} s measured over {second.steps} decode steps; predicted "
+    figures += f"{uncorrected:.3f} s uncorrected, {corrected:.3f} s corrected by {factor:.3f}"
+    print(figures)  # `pytest -s` shows it (docs/planning.md quotes a run)
+    assert corrected == pytest.approx(second.seconds, rel=WITHIN), figures
+    # The worker's own factor and the router's for it: from the same window as this test's.
+    latest = correction_from(profile, [second]).factors[StepPhase.DECODE]
+    decode = cluster.decode[0]
+    labels = {"phase": "decode"}
+    assert labelled_metric(decode, "pdserve_decode_step_correction", **labels) == pytest.approx(
+        latest
+    )
+    router_labels = {"tier": "decode", "worker": decode.address, **labels}
+    deadline = time.monotonic() + 5.0  # the router's next Load poll (every 0.5 s) brings it
+    while True:
+        seen = labelled_metric(cluster.router, "pdserve_router_step_correction", **router_labels)
+        if seen == pytest.approx(latest) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert seen == pytest.approx(latest)
+    wait_all_blocks_free(cluster)
