@@ -37,6 +37,7 @@ from pdserve.core.spec.proposer import make_proposer
 from pdserve.core.spec.speculator import Speculator
 from pdserve.core.text.detokenizer import IncrementalDetokenizer
 from pdserve.core.text.tokenizer import load_tokenizer
+from pdserve.costmodel.output_length import OutputLengths
 from pdserve.costmodel.step_shape import StepShape
 
 
@@ -108,6 +109,9 @@ class LLMEngine:
         # What the last step ran, as the cost model prices a step (None: it swapped blocks,
         # which are priced apart): the serving loop times steps against it.
         self.last_step_shape: StepShape | None = None
+        # How long this worker's streams ran (those that ended by themselves): the step budget
+        # forecasts a running stream's remaining tokens from it.
+        self.output_lengths = OutputLengths()
 
     # -- requests -------------------------------------------------------------------------
 
@@ -385,6 +389,7 @@ class LLMEngine:
     ) -> TokenDelta:
         """The delta of a step's new tokens; a request they ended is finished and forgotten."""
         if status is not None:
+            self.output_lengths.record(request.params.max_tokens, len(request.output_token_ids))
             self.scheduler.finish(request, status)
             del self.requests[request.request_id], self._detokenizers[request.request_id]
         return TokenDelta(

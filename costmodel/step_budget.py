@@ -21,10 +21,12 @@ What S bounds (`--itl-slo-mode`, `ItlMode`):
 - `mean`: each running stream's mean gap over its output on this worker, which is what a TPOT
   SLO judges. The step may spend a stream's slack: what it banked (its gaps so far came faster
   than S) and what its remaining tokens will leave if they come at the decode-only step time d
-  (S - d each, up to `max_tokens`: EOS is not foreseen). The cap is the least over the step's
-  decodes of
+  (S - d each). Its remaining tokens are forecast from how long this worker's finished streams of
+  its kind ran (costmodel/output_length.py), capped by what `max_tokens` leaves; a limit alone
+  made a stream asking for 4,096 tokens lend the slack of gaps that never come. The cap is the
+  least over the step's decodes of
 
-      S * (gaps + 1) - elapsed + max(S - d, 0) * (max_tokens - tokens - 1)
+      S * (gaps + 1) - elapsed + max(S - d, 0) * (remaining - 1)
 
   so every stream still averages S by its last token if the steps after this one decode only;
   later steps see what this one spent. Never below S: slack only loosens the `step` cap (a cap
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pdserve.costmodel.correction import Correction, StepRecorder, StepWindow, correction_from
+from pdserve.costmodel.output_length import OutputLengths
 from pdserve.costmodel.profile import Profile
 from pdserve.costmodel.step_shape import StepShape
 
@@ -130,17 +133,21 @@ class WorkerStepBudget:
     """A worker scheduler's step budget (core.step_plan.StepBudget): the step's cap from
     `costs.itl_mode`, on `clock` (the simulator passes its own). In `mean` mode it remembers
     when each running stream took its first decode here and how many tokens it had. With a
-    `recorder` (the worker's own measured steps) every step is priced by the corrected costs."""
+    `recorder` (the worker's own measured steps) every step is priced by the corrected costs;
+    with `lengths`, a stream's remaining tokens are forecast (costmodel/output_length.py), else
+    they are what its `max_tokens` leaves."""
 
     def __init__(
         self,
         costs: StepCosts,
         clock: Callable[[], float] = time.monotonic,
         recorder: StepRecorder | None = None,
+        lengths: OutputLengths | None = None,
     ) -> None:
         self.costs = costs
         self._clock = clock
         self._recorder = recorder
+        self._lengths = lengths
         self._first_decode: dict[str, tuple[float, int]] = {}  # request id -> (when, tokens)
 
     def current_costs(self) -> StepCosts:
@@ -167,11 +174,18 @@ class WorkerStepBudget:
         for request in decodes:
             since, tokens = self._first_decode[request.request_id]
             gaps = len(request.output_token_ids) - tokens
-            later_gaps = max(request.params.max_tokens - len(request.output_token_ids) - 1, 0)
+            later_gaps = max(self._remaining(request) - 1, 0)
             caps.append(slo * (gaps + 1) - (now - since) + spare_per_gap * later_gaps)
         # Never below S: on a host too slow for S every stream is behind, and a cap below S
         # left prompts 16 tokens a step (TTFT p99 6.2-6.7 s against colocated's 1.6 on chat).
         return max(min(caps, default=slo), slo)
+
+    def _remaining(self, request: RunningStream) -> int:
+        """Tokens the stream will still generate (this step's included)."""
+        limit, generated = request.params.max_tokens, len(request.output_token_ids)
+        if self._lengths is None:
+            return max(limit - generated, 0)
+        return self._lengths.remaining(limit, generated)
 
     def _remember(self, decodes: Sequence[RunningStream], now: float) -> None:
         """Keeps the step's decodes only: a stream out of the batch (finished, preempted)

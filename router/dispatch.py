@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from pdserve.costmodel.output_length import OutputLengths
 from pdserve.router import metrics
 from pdserve.router.aborts import Aborts
 from pdserve.router.clock import Deadline, RequestClock
@@ -60,6 +61,8 @@ DecodeCall = grpc.aio.UnaryStreamCall[Any, decode_pb2.TokenDelta]  # Generate or
 # worker's Multiplex stream; both iterate deltas, raise AioRpcError, and cancel().
 DecodeRun = DecodeCall | MuxRun
 StartCall = Callable[[], DecodeRun]
+# Finishes that say how long a stream runs (an abort says nothing of it).
+ENDED_BY_ITSELF = frozenset({common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH})
 
 __all__ = ["Deadline", "Dispatcher"]
 
@@ -84,6 +87,9 @@ class Dispatcher:
         self.roles = Roles(registry)
         self.live = LiveMigration(registry, self.aborts)
         self.multiplexer = DecodeMultiplexer()
+        # How long streams ran (those that ended by themselves): adaptive placement prices a
+        # request's decode by the forecast, not by its max_tokens alone.
+        self.output_lengths = OutputLengths()
 
     @property
     def block_size(self) -> int:
@@ -103,10 +109,15 @@ class Dispatcher:
                 run = _continued(request, emitted) if emitted else request
                 target = await self._place(run, deadline, clock, avoid=left)
             try:
+                finish = common_pb2.FINISH_REASON_UNSPECIFIED
                 # Straight from the relay (no generator in between: each one costs every delta).
                 async for delta in self._relay(*target, request.request_id):
                     emitted.extend(delta.token_ids)
+                    finish = delta.finish_reason
                     yield delta
+                if finish in ENDED_BY_ITSELF:
+                    generated = len(request.resumed_output_token_ids) + len(emitted)
+                    self.output_lengths.record(request.sampling.max_tokens, generated)
                 return
             except WorkerLostError as failure:
                 target = None
@@ -200,7 +211,8 @@ class Dispatcher:
         assert costs is not None  # RouterConfig refuses --placement adaptive without a profile
         self.roles.take_back_idle()
         prompt_tokens = request.context_length  # a migration recomputes its resumed output too
-        output_tokens = request.sampling.max_tokens - len(request.resumed_output_token_ids)
+        resumed = len(request.resumed_output_token_ids)
+        output_tokens = self.output_lengths.remaining(request.sampling.max_tokens, resumed)
         states = self.roles.worker_states(avoid)
         choice = place_adaptive(prompt_tokens, output_tokens, states, costs)
         placement, option = choice.placement, choice.option

@@ -42,7 +42,9 @@ def run_worker(args: argparse.Namespace, tier: WorkerTier) -> int:
         loop = tier.build_loop(args)
         register_step_gauges(tier.command, loop.steps, step_costs)
         if step_costs is not None and step_costs.itl_slo_s is not None:
-            budget = WorkerStepBudget(step_costs, recorder=loop.steps)  # corrected as it runs
+            # Corrected by its measured steps, its streams' lengths forecast as they finish.
+            lengths = loop.engine.output_lengths
+            budget = WorkerStepBudget(step_costs, recorder=loop.steps, lengths=lengths)
             loop.engine.scheduler.step_budget = budget
         return loop
 

@@ -16,8 +16,9 @@ prompt tokens queued) with the same step arithmetic the workers' SLO budgets use
            adds the KV's delivery (profile: wire + scatter per block) and D's current step
     stall  the time its prefill adds to every step of the prefilling worker's running streams,
            times their number: what the streams already running there lose
-    decode its output (up to max_tokens) on the decoding worker: each step with one stream
-           more, plus what that stream adds to the step of every stream already there
+    decode its output (the forecast length: costmodel/output_length.py, capped by max_tokens)
+           on the decoding worker: each step with one stream more, plus what that stream
+           adds to the step of every stream already there
     cost   ttft + stall + decode (a second lost by the new request or by a running one counts
            the same)
 
@@ -122,7 +123,7 @@ class _Prefill:
 def place_adaptive(
     prompt_tokens: int, output_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
 ) -> AdaptiveChoice:
-    """The cheapest option for a prompt of `prompt_tokens` tokens that asks for up to
+    """The cheapest option for a prompt of `prompt_tokens` tokens expected to generate
     `output_tokens` (module docstring)."""
     options = _local_options(prompt_tokens, workers, costs)
     remote = _remote_options(prompt_tokens, workers, costs)

@@ -8,6 +8,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.sched.scheduler import Scheduler
+from pdserve.costmodel.output_length import MIN_FINISHED, OutputLengths
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.costmodel.step_budget import MIN_CHUNK_TOKENS, ItlMode, StepCosts, WorkerStepBudget
 from pdserve.costmodel.step_shape import StepShape
@@ -170,3 +171,19 @@ def test_a_stream_that_left_the_batch_starts_afresh() -> None:
     budget.for_step([])  # preempted: out of the step
     stream.output_token_ids.append(1)
     assert budget.for_step([stream]).grant(0, 1000) == 45  # 0.1 s again, 0.055 s of decode
+
+
+def test_a_large_limit_lends_only_the_slack_of_the_tokens_forecast() -> None:
+    """A chat stream asking for up to 4,096 tokens where such streams end after 10: it lends 8
+    later gaps (10 - 1 generated - this one), not 4,094. Two decodes at 0.06 s under 0.1 s: the
+    step may take 0.1 + 8 * 0.04 = 0.42 s, 0.36 s of it prompt tokens."""
+    clock = _Clock()
+    lengths = OutputLengths()
+    for _ in range(MIN_FINISHED):
+        lengths.record(4096, 10)
+    costs = StepCosts(PROFILE, 2048, 0.1, ItlMode.MEAN)
+    streams = [_decoding("a", 1, 4096), _decoding("b", 1, 4096)]
+    unlimited = WorkerStepBudget(costs, clock).for_step(streams).grant(0, 2048)
+    forecast = WorkerStepBudget(costs, clock, lengths=lengths).for_step(streams).grant(0, 2048)
+    assert unlimited == 2048  # the limit's slack: the whole token budget
+    assert forecast in (359, 360)

@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from pdserve.client import build_request
+from pdserve.costmodel.output_length import MIN_FINISHED
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router.placement.prefill_place import PlacementMode
@@ -105,5 +106,31 @@ def test_reserve_never_goes_to_a_lent_worker(router_stack: Any) -> None:
             pool = stack.registry.decode
             for _ in range(4):
                 assert pool.pick(own=True).address == stack.tiers.decode_addresses[0]
+
+    asyncio.run(body())
+
+
+def test_finished_streams_teach_the_router_how_long_such_streams_run(router_stack: Any) -> None:
+    """Eight requests asking for up to 3 tokens end at 3 (by length): a request asking for up
+    to 4 (the same group of limits) is then priced at 3 tokens of decode, not at its limit.
+    Streams cancelled after one token teach nothing (counted, they would bring it down to 2)."""
+
+    async def body() -> None:
+        async with router_stack(**ADAPTIVE) as stack:
+            lengths = stack.dispatcher.output_lengths
+            for _ in range(MIN_FINISHED):
+                assert lengths.remaining(4) == 4
+                await stack.client.generate(build_request([1] * 20, sampling=SAMPLING))
+            assert lengths.remaining(4) == 3
+            stack.tiers.decode[0].knobs.delay_seconds = 0.2
+
+            async def cancelled_after_one_token() -> None:
+                sampling = common_pb2.SamplingParams(max_tokens=4)
+                call = stack.client.generate_stream(build_request([1] * 20, sampling=sampling))
+                async for _ in call:
+                    break  # leaving the loop cancels the call
+
+            await asyncio.gather(*(cancelled_after_one_token() for _ in range(MIN_FINISHED)))
+            assert lengths.remaining(4) == 3
 
     asyncio.run(body())
