@@ -48,7 +48,7 @@ class ArmSettings:
 
     threshold: int
     chunk_tokens: int
-    profile: Path
+    profile: Path | None  # the adaptive arm's
     itl_slo_s: float | None
     itl_slo_mode: str = "mean"  # what the ITL SLO bounds (costmodel/step_budget.py ItlMode)
 
@@ -61,6 +61,8 @@ def worker_and_router_flags(
     if arm.routing is not Routing.ADAPTIVE:
         threshold = settings.threshold if arm.routing is Routing.THRESHOLD else 0
         return chunk, ("--disagg-threshold", str(threshold))
+    if settings.profile is None:
+        raise ValueError("the adaptive arm needs a profile")
     cost_model: tuple[str, ...] = ("--profile", str(settings.profile))
     if settings.itl_slo_s is not None:
         cost_model += ("--itl-slo", str(settings.itl_slo_s))

@@ -44,6 +44,7 @@ from pdserve.bench.disagg.workload import (
     plan_requests,
     point_seed,
 )
+from pdserve.costmodel.host_profile import host_profile
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.config import LoadConfig, Method
 from pdserve.loadtest.driver import drive
@@ -51,11 +52,10 @@ from pdserve.loadtest.schedule import LoadSchedule
 from pdserve.local.cluster import Cluster
 
 WARMUP_PER_WORKER = 3  # requests per worker before the first point: endpoints, pages, allocator
+
+
 # The cost model measured on this project's 2-core CPU machine (docs/planning.md), in the source
 # tree next to this package.
-DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
-
-
 @dataclass(frozen=True)
 class BenchSettings:
     rates: tuple[float, ...]
@@ -65,7 +65,7 @@ class BenchSettings:
     tpot_slo_s: float
     threshold: int
     chunk_tokens: int
-    profile: Path = DEFAULT_PROFILE
+    profile: Path | None = None  # the adaptive arm's (None: no adaptive arm)
     itl_slo_s: float | None = None  # None: the TPOT SLO; 0: no step budget
     itl_slo_mode: str = "mean"  # a TPOT SLO judges each stream's mean gap
 
@@ -101,7 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=int, default=512, help="conditional arm's threshold")
     parser.add_argument("--chunk", type=int, default=512, help="max tokens a step (chunking)")
     parser.add_argument(
-        "--profile", type=Path, default=DEFAULT_PROFILE, help="adaptive arm's cost model"
+        "--profile",
+        type=Path,
+        default=None,
+        help="adaptive arm's cost model (default: this host's, measured the first time and "
+        "cached: costmodel/host_profile.py)",
     )
     parser.add_argument(
         "--itl-slo",
@@ -163,8 +167,6 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         raise ValueError(f"--itl-slo: must be >= 0 seconds (0: none), got {args.itl_slo}")
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
-    if "adaptive" in args.arms.split(",") and not args.profile.is_file():
-        raise ValueError(f"--profile: {args.profile} is not a file (the adaptive arm needs one)")
     return BenchSettings(
         rates,
         args.duration,
@@ -173,10 +175,23 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         args.slo_tpot,
         args.threshold,
         args.chunk,
-        args.profile,
+        _adaptive_profile(args),
         args.itl_slo,
         args.itl_slo_mode,
     )
+
+
+def _adaptive_profile(args: argparse.Namespace) -> Path | None:
+    """The adaptive arm's profile: --profile, else this host's (None without an adaptive arm)."""
+    from pdserve.core.model.source import resolve_model
+
+    if "adaptive" not in args.arms.split(","):
+        return None
+    if args.profile is None:
+        return host_profile(resolve_model(args.model))
+    if not args.profile.is_file():
+        raise ValueError(f"--profile: {args.profile} is not a file (the adaptive arm needs one)")
+    return Path(args.profile)
 
 
 def plan_points(

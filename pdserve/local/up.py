@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.core.config import SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
+from pdserve.costmodel.host_profile import host_profile
 from pdserve.local.cluster import Cluster, ClusterSpec
 from pdserve.local.netns import LinkShaping, link_delay, link_rate
 from pdserve.router.placement.prefill_place import PlacementMode
@@ -61,14 +63,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of --profile chooses where each prompt is prefilled and decoded; docs/router.md)",
         choices=[mode.value for mode in PlacementMode],
     )
-    add_flag(parser, "--profile", Path, None, "cost model from `pdserve profile` (adaptive)")
+    add_flag(
+        parser,
+        "--profile",
+        Path,
+        None,
+        "cost model from `pdserve profile` for --placement adaptive and --itl-slo (default: this "
+        "host's, measured on the first such start and cached; costmodel/host_profile.py)",
+    )
     add_flag(
         parser,
         "--itl-slo",
         float,
         None,
         "seconds: every worker caps a decoding step's prompt tokens to stay within it, and the "
-        "router predicts with it (needs --profile; default: off)",
+        "router predicts with it (with --profile or this host's; default: off)",
     )
     add_flag(
         parser,
@@ -134,9 +143,6 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill < 0 or args.decode < 1:
         print("pdserve up: --prefill must be >= 0 and --decode >= 1", file=sys.stderr)
         return 2
-    if (args.placement == PlacementMode.ADAPTIVE.value or args.itl_slo) and args.profile is None:
-        print("pdserve up: --placement adaptive and --itl-slo need --profile", file=sys.stderr)
-        return 2
     shaping = LinkShaping(rate=args.link_rate, delay=args.link_delay)
     if shaping.enabled and not args.netns:
         print("pdserve up: --link-rate and --link-delay need --netns", file=sys.stderr)
@@ -146,7 +152,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model_dir = resolve_model(args.model, args.model_cache)  # prepared once, before the workers
     worker_args = tuple(a for a in args.worker_args if a != "--")
-    cost_args = _cost_model_args(args, worker_args)
+    profile = args.profile
+    if profile is None and (args.placement == PlacementMode.ADAPTIVE.value or args.itl_slo):
+        try:  # this host's, measured on the first such start
+            profile = host_profile(model_dir, _worker_flag(worker_args, "--dtype", "float32"))
+        except subprocess.CalledProcessError as error:
+            print(f"pdserve up: profiling this host failed ({error})", file=sys.stderr)
+            return 1
+    cost_args = _cost_model_args(args, profile, worker_args)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=args.prefill,
@@ -241,16 +254,24 @@ class CostModelArgs:
     router: tuple[str, ...]
 
 
-def _cost_model_args(args: argparse.Namespace, worker_args: tuple[str, ...]) -> CostModelArgs:
+def _cost_model_args(
+    args: argparse.Namespace, profile: Path | None, worker_args: tuple[str, ...]
+) -> CostModelArgs:
     """The profile and ITL SLO for every process; the router also learns the workers' token
     budget a step (adaptive placement predicts their prompt chunks with it)."""
-    if args.profile is None:
+    if profile is None:
         return CostModelArgs((), ())
-    shared: tuple[str, ...] = ("--profile", str(args.profile.resolve()))
+    shared: tuple[str, ...] = ("--profile", str(profile.resolve()))
     if args.itl_slo is not None:
         shared += ("--itl-slo", str(args.itl_slo))
     budget = "--max-num-batched-tokens"
     router = shared
     if budget in worker_args[:-1]:
-        router += (budget, worker_args[worker_args.index(budget) + 1])
+        router += (budget, _worker_flag(worker_args, budget, ""))
     return CostModelArgs((*shared, "--itl-slo-mode", args.itl_slo_mode), router)
+
+
+def _worker_flag(worker_args: tuple[str, ...], name: str, default: str) -> str:
+    """The value the workers are given for `name` (its last `name VALUE`), or `default`."""
+    values = [worker_args[i + 1] for i, arg in enumerate(worker_args[:-1]) if arg == name]
+    return values[-1] if values else default

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +40,7 @@ def _settings(**overrides: Any) -> BenchSettings:
         "tpot_slo_s": 0.15,
         "threshold": 512,
         "chunk_tokens": 512,
+        "profile": Path("profile.json"),
     }
     values.update(overrides)
     return BenchSettings(**values)
