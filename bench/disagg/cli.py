@@ -56,6 +56,11 @@ WARMUP_PER_WORKER = 3  # requests per worker before the first point: endpoints, 
 
 # The cost model measured on this project's 2-core CPU machine (docs/planning.md), in the source
 # tree next to this package.
+WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
+# Shipped mixes beside the default (workload.py DEFAULT_SPEC): most requests chat, or most long.
+MIXES = {name: WORKLOADS / f"disagg-mix-{name}.json" for name in ("chat-heavy", "long-heavy")}
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     rates: tuple[float, ...]
@@ -68,6 +73,12 @@ class BenchSettings:
     profile: Path | None = None  # the adaptive arm's (None: no adaptive arm)
     itl_slo_s: float | None = None  # None: the TPOT SLO; 0: no step budget
     itl_slo_mode: str = "mean"  # a TPOT SLO judges each stream's mean gap
+    max_repeats: int | None = None  # more repeats until the intervals are narrow (None: repeats)
+    ci_width: float = 0.3  # the widest attainment interval that ranks arms
+
+    @property
+    def most_repeats(self) -> int:
+        return self.repeats if self.max_repeats is None else max(self.max_repeats, self.repeats)
 
     @property
     def arms(self) -> ArmSettings:
@@ -90,12 +101,35 @@ class Point:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model folder (default: embedded)")
-    parser.add_argument("--workload", type=Path, default=None, help="request mix SPEC (JSON)")
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--workload", type=Path, default=None, help="request mix SPEC (JSON)")
+    workload.add_argument(
+        "--mix",
+        choices=sorted(MIXES),
+        default=None,
+        help="a shipped request mix instead of a SPEC (default: the default mix, 80 %% chat; "
+        "bench/workloads/disagg-mix-NAME.json)",
+    )
     parser.add_argument("--rates", default="0.05,0.1,0.2,0.3", help="requests/s, comma-separated")
     parser.add_argument(
         "--duration", type=float, default=60.0, help="seconds of arrivals a point (rate x this)"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each rate, fresh seeds")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each rate, fresh seeds (at least)"
+    )
+    parser.add_argument(
+        "--max-repeats",
+        type=int,
+        default=8,
+        help="more runs, one round of all rates at a time, until every arm's attainment "
+        "interval at every rate is at most --ci-width wide, or this many (default 8)",
+    )
+    parser.add_argument(
+        "--ci-width",
+        type=float,
+        default=0.3,
+        help="widest 95 %% attainment interval that ranks arms (default 0.3)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed of the run's requests")
     parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated")
     parser.add_argument("--threshold", type=int, default=512, help="conditional arm's threshold")
@@ -135,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = _settings(args)
         arms = [ARMS[name] for name in args.arms.split(",")]
-        classes = load_spec(args.workload)
+        classes = load_spec(args.workload or MIXES.get(args.mix))
     except (ValueError, KeyError) as error:
         print(f"pdserve bench disagg: {error}", file=sys.stderr)
         return 2
@@ -146,14 +180,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print_header(_slo_text(classes, settings))
     served: dict[str, dict[float, list[Repeat]]] = {arm.name: {} for arm in arms}
-    for repeat in range(settings.repeats):
+    for repeat in range(settings.most_repeats):
         for arm in turn_order(arms, repeat):
             todo = [point for point in points if point.repeat == repeat]
             for rate, run in _run_arm(arm, model_dir, todo, warmup, settings, args, repeat):
                 served[arm.name].setdefault(rate, []).append(run)
+        if repeat + 1 >= settings.repeats and not _wide_intervals(served, settings):
+            break
     results: list[ArmResult] = []
     for arm in arms:
-        results.extend(_report_arm(arm.name, served[arm.name], args.json))
+        results.extend(_report_arm(arm.name, served[arm.name], settings, args.json))
     if args.plot is not None:
         plot_results(results, args.plot)
     return 0
@@ -165,8 +201,13 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         raise ValueError(f"--rates: every rate must be > 0, got {args.rates}")
     if args.itl_slo is not None and args.itl_slo < 0:
         raise ValueError(f"--itl-slo: must be >= 0 seconds (0: none), got {args.itl_slo}")
-    if args.repeats < 1:
-        raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    if not 1 <= args.repeats <= args.max_repeats:
+        raise ValueError(
+            f"--repeats, --max-repeats: need 1 <= repeats <= max, got {args.repeats}, "
+            f"{args.max_repeats}"
+        )
+    if not args.ci_width > 0:
+        raise ValueError(f"--ci-width: must be > 0, got {args.ci_width}")
     return BenchSettings(
         rates,
         args.duration,
@@ -178,6 +219,8 @@ def _settings(args: argparse.Namespace) -> BenchSettings:
         _adaptive_profile(args),
         args.itl_slo,
         args.itl_slo_mode,
+        args.max_repeats,
+        args.ci_width,
     )
 
 
@@ -201,7 +244,7 @@ def plan_points(
     points = []
     for rate in settings.rates:
         count = max(round(rate * settings.duration_s), 1)
-        for repeat in range(settings.repeats):
+        for repeat in range(settings.most_repeats):
             seed = point_seed(settings.seed, f"rate={rate}/repeat={repeat}")
             plan = plan_requests(classes, count, vocab_size, seed)
             points.append(Point(rate, repeat, plan, hash_seed(seed)))
@@ -235,16 +278,40 @@ def _run_arm(
         return [(point.rate, _run_point(cluster, point, settings)) for point in points]
 
 
-def _report_arm(name: str, served: dict[float, list[Repeat]], as_json: bool) -> list[ArmResult]:
+def _report_arm(
+    name: str, served: dict[float, list[Repeat]], settings: BenchSettings, as_json: bool
+) -> list[ArmResult]:
     results = [ArmResult.of(name, rate, runs) for rate, runs in served.items()]
     for result in results:
         print(json.dumps(asdict(result)) if as_json else f"  {result.line()}", flush=True)
     rate = goodput_rate([(r.rate, r.attainment) for r in results])
+    wide = [r.rate for r in results if not _ranks(r, settings)]
     if as_json:
-        print(json.dumps({"arm": name, "goodput_rate": rate}), flush=True)
-    else:
-        print(f"  {name}: goodput rate {rate} req/s (attainment >= 90 % up to it)", flush=True)
+        print(json.dumps({"arm": name, "goodput_rate": rate, "wide_intervals": wide}), flush=True)
+        return results
+    print(f"  {name}: goodput rate {rate} req/s (attainment >= 90 % up to it)", flush=True)
+    if wide:
+        print(
+            f"  {name}: attainment intervals wider than {settings.ci_width} at rates {wide} "
+            "(more --max-repeats or a longer --duration narrow them): they do not rank the arms",
+            flush=True,
+        )
     return results
+
+
+def _ranks(result: ArmResult, settings: BenchSettings) -> bool:
+    """Whether the point's attainment interval is narrow enough to rank arms by (one repeat
+    has no interval: it does not)."""
+    low, high = result.attainment_ci
+    return result.repeats >= 2 and high - low <= settings.ci_width
+
+
+def _wide_intervals(served: dict[str, dict[float, list[Repeat]]], settings: BenchSettings) -> bool:
+    return any(
+        not _ranks(ArmResult.of(arm, rate, runs), settings)
+        for arm, by_rate in served.items()
+        for rate, runs in by_rate.items()
+    )
 
 
 def _run_point(cluster: Cluster, point: Point, settings: BenchSettings) -> Repeat:

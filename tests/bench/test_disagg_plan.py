@@ -15,11 +15,18 @@ from pdserve.bench.disagg.attainment import (
     outcome,
     outcomes,
 )
-from pdserve.bench.disagg.cli import BenchSettings, plan_points, turn_order
+from pdserve.bench.disagg.cli import (
+    MIXES,
+    BenchSettings,
+    _wide_intervals,
+    plan_points,
+    turn_order,
+)
 from pdserve.bench.disagg.report import ArmResult, PointCounters, Repeat
 from pdserve.bench.disagg.workload import (
     DEFAULT_SPEC,
     PlannedRequest,
+    load_spec,
     parse_spec,
     plan_requests,
     point_seed,
@@ -188,17 +195,18 @@ def test_the_interval_is_students_t_over_repeats() -> None:
     assert mean_interval([0.7]).low == 0.7
 
 
-def test_a_point_pools_its_repeats() -> None:
-    def repeat(meets: list[bool], hits: int) -> Repeat:
-        made = [
-            RequestOutcome("chat", True, 0.1 * (i + 1), 0.05, (0.05,), ok)
-            for i, ok in enumerate(meets)
-        ]
-        placements = {"local": 0, "remote": len(meets)}
-        reasons = {"remote:remote_faster": len(meets)}
-        itl = {"decode-0": (0.1 * len(meets), float(len(meets))), "prefill-0": (0.0, 0.0)}
-        return Repeat(tuple(made), PointCounters(placements, reasons, hits, itl))
+def repeat(meets: list[bool], hits: int = 0) -> Repeat:
+    """One repeat of a point whose requests met their SLOs or not, as `meets` says."""
+    made = [
+        RequestOutcome("chat", True, 0.1 * (i + 1), 0.05, (0.05,), ok) for i, ok in enumerate(meets)
+    ]
+    placements = {"local": 0, "remote": len(meets)}
+    reasons = {"remote:remote_faster": len(meets)}
+    itl = {"decode-0": (0.1 * len(meets), float(len(meets))), "prefill-0": (0.0, 0.0)}
+    return Repeat(tuple(made), PointCounters(placements, reasons, hits, itl))
 
+
+def test_a_point_pools_its_repeats() -> None:
     row = ArmResult.of("disaggregated", 0.5, [repeat([True, True], 0), repeat([True, False], 32)])
     assert (row.repeats, row.requests, row.completed) == (2, 4, 4)
     assert row.attainment == pytest.approx(0.75)
@@ -231,3 +239,23 @@ def test_the_adaptive_arm_steps_within_the_itl_slo_unless_it_is_zero() -> None:
     workers, router = flags(0.0)
     assert "--itl-slo" not in workers + router
     assert "--profile" in workers and router[:2] == ("--placement", "adaptive")
+
+
+def test_more_repeats_run_until_every_interval_ranks_the_arms() -> None:
+    """Attainments 1.0, 0.9, 1.0, 0.9: within 0.18 (Student t, 3 degrees of freedom); 1.0 and
+    0.9 alone: 0.68 wide (t with one degree of freedom is 12.7); one repeat has no interval."""
+    settings = _settings(max_repeats=8)
+    full, one_missed = repeat([True] * 10), repeat([True] * 9 + [False])
+    steady = {0.5: [full, one_missed, full, one_missed]}
+    swinging = {0.5: [full, one_missed]}
+    assert not _wide_intervals({"colocated": steady}, settings)
+    assert _wide_intervals({"colocated": steady, "adaptive": swinging}, settings)
+    assert _wide_intervals({"colocated": {0.5: [repeat([True] * 10)]}}, settings)
+    assert settings.most_repeats == 8 and _settings().most_repeats == 3
+
+
+@pytest.mark.parametrize(("mix", "chat_share"), [("chat-heavy", 0.95), ("long-heavy", 0.4)])
+def test_the_shipped_mixes_load(mix: str, chat_share: float) -> None:
+    chat, long = load_spec(MIXES[mix])
+    assert (chat.name, long.name) == ("chat", "long")
+    assert chat.weight / (chat.weight + long.weight) == pytest.approx(chat_share)
