@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -35,12 +35,14 @@ Item: TypeAlias = "tuple[str, TokenDelta | BaseException]"
 
 log = logging.getLogger(__name__)
 
-# Steps that queued up while the stream was sending go out together, up to this many deltas a
-# message. A delta is the router's id (32 hex digits, a sample's `/i`), a step's few tokens and
-# their text: under 100 bytes, so a message stays under 2 MiB, within the router's default 4 MiB
-# --max-message-bytes. (Ids were the clients', up to 256 characters: 5 MiB messages could break
-# the stream; and a broken stream now migrates its requests, router/decode_mux.py.)
+# Steps that queued up while the stream was sending go out together, up to this many deltas at
+# once (a bound on one hand-over's work, not on its size)...
 MAX_DELTAS_PER_MESSAGE = 16384
+# ...in messages of at most this many bytes: the router refuses one over its --max-message-bytes
+# (4 MiB by default) and that breaks the whole stream. A delta is usually under 100 bytes (the
+# router's 32-hex-digit id, a step's token, its text), but its text has no bound of its own: a
+# step that verified drafts, or text held back for a stop string and released at once.
+MAX_MESSAGE_BYTES = 1 << 20
 
 
 @dataclass
@@ -88,9 +90,8 @@ class MultiplexStream:
         try:
             while not (reader.done() and not self.runs and self.outbox.empty()):
                 items = await self._next_items(reader)
-                step = self._step(items)
-                if step.deltas:
-                    yield step
+                for message in split_by_bytes(self._step(items), MAX_MESSAGE_BYTES):
+                    yield message
             reader.result()  # a failed read ends the call with its error
         finally:
             reader.cancel()
@@ -226,3 +227,25 @@ def _describe_end(delta: decode_pb2.TokenDelta, error: BaseException) -> None:
         log.error("internal error", exc_info=error)  # a bug: keep the traceback
     delta.error_code = code.value[0]
     delta.error_message = str(error) or type(error).__name__
+
+
+def split_by_bytes(step: decode_pb2.DecodeStep, limit: int) -> Iterator[decode_pb2.DecodeStep]:
+    """`step`'s deltas, in order, in messages of at most `limit` bytes each (a delta larger than
+    that goes alone); none for a step without deltas."""
+    if step.ByteSize() <= limit:
+        if step.deltas:
+            yield step
+        return
+    part, size = decode_pb2.DecodeStep(), 0
+    for delta in step.deltas:
+        cost = delta.ByteSize() + _FIELD_OVERHEAD
+        if part.deltas and size + cost > limit:
+            yield part
+            part, size = decode_pb2.DecodeStep(), 0
+        part.deltas.append(delta)
+        size += cost
+    yield part
+
+
+# A repeated message field's tag (1 byte) and length prefix (up to 5 bytes) per delta.
+_FIELD_OVERHEAD = 6

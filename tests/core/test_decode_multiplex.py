@@ -17,7 +17,9 @@ import pytest
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
+from pdserve.core.serving import multiplex
 from pdserve.core.serving.engine_loop import EngineLoop
+from pdserve.core.serving.multiplex import MAX_MESSAGE_BYTES, split_by_bytes
 from pdserve.core.serving.server import ServiceHost
 from pdserve.core.serving.stream_servicer import StreamServicer
 from pdserve.core.serving.tier_runtime import TierRuntime
@@ -65,9 +67,14 @@ class Commands:
             yield command
 
 
+@pytest.mark.parametrize("limit", [MAX_MESSAGE_BYTES, 64], ids=["1MiB", "64B"])
 def test_one_message_per_step_carries_every_request_and_each_matches_its_own_stream(
-    engine: LLMEngine, prompts: list[list[int]]
+    engine: LLMEngine, prompts: list[list[int]], limit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With a 64-byte message limit every step goes out in many messages: each request's
+    deltas still arrive whole and in order."""
+    monkeypatch.setattr(multiplex, "MAX_MESSAGE_BYTES", limit)
+
     async def body() -> None:
         server, target, loop = await _serve(engine)
         try:
@@ -102,11 +109,14 @@ def test_one_message_per_step_carries_every_request_and_each_matches_its_own_str
         assert [(d.request_id, d.error_code) for d in failed] == [
             ("nobody", grpc.StatusCode.FAILED_PRECONDITION.value[0])
         ]
-        # A step of the batch is one message holding all eight requests' tokens: about one
-        # message per step, not one per request per token (80).
-        full = [s for s in steps if len({d.request_id for d in s.deltas}) == NUM_REQUESTS]
-        assert full
-        assert len(steps) <= MAX_TOKENS + NUM_REQUESTS + 1  # (+1: the error's own message)
+        if limit < MAX_MESSAGE_BYTES:
+            assert all(s.ByteSize() <= limit or len(s.deltas) == 1 for s in steps)
+        else:
+            # A step of the batch is one message holding all eight requests' tokens: about one
+            # message per step, not one per request per token (80).
+            full = [s for s in steps if len({d.request_id for d in s.deltas}) == NUM_REQUESTS]
+            assert full
+            assert len(steps) <= MAX_TOKENS + NUM_REQUESTS + 1  # (+1: the error's own message)
         for index in range(NUM_REQUESTS):
             mine = [d for d in deltas if d.request_id == f"mux-{index}"]
             own = alone[index]
@@ -157,3 +167,22 @@ def test_a_cancel_and_the_end_of_the_stream_abort_their_requests(
         assert not engine.requests and pool.num_free == pool.num_blocks
 
     asyncio.run(body())
+
+
+def _delta(request_id: str, text: str) -> decode_pb2.TokenDelta:
+    return decode_pb2.TokenDelta(request_id=request_id, token_ids=[1, 2], text=text)
+
+
+def test_a_step_larger_than_the_limit_goes_out_in_messages_within_it() -> None:
+    """600 deltas of 3,000 characters each (1.8 MB): messages of at most 1 MiB, every delta in
+    its order; a delta larger than the limit alone goes alone."""
+    step = decode_pb2.DecodeStep(deltas=[_delta(f"r{i % 7}", "x" * 3000) for i in range(600)])
+    messages = list(split_by_bytes(step, MAX_MESSAGE_BYTES))
+    assert len(messages) == 2
+    assert all(message.ByteSize() <= MAX_MESSAGE_BYTES for message in messages)
+    assert [d for m in messages for d in m.deltas] == list(step.deltas)
+    huge = decode_pb2.DecodeStep(deltas=[_delta("a", "y" * 200), _delta("b", "z")])
+    assert [len(m.deltas) for m in split_by_bytes(huge, 100)] == [1, 1]
+    assert list(split_by_bytes(decode_pb2.DecodeStep(), 100)) == []
+    small = decode_pb2.DecodeStep(deltas=[_delta("a", "hi")])
+    assert list(split_by_bytes(small, 100)) == [small]
