@@ -43,6 +43,8 @@ class RequestClock:
     first_token: float | None = None
     last_token: float | None = None
     num_tokens: int = 0
+    # Admitted under an SLO: the TTFT the admission predicted (router/slo_admission.py).
+    predicted_ttft: float | None = None
 
     def on_prefill_sent(self) -> None:
         self.prefill_sent = time.monotonic()
@@ -56,6 +58,9 @@ class RequestClock:
         if self.first_token is None:
             self.first_token = now
             metrics.TIME_TO_FIRST_TOKEN.observe(now - self.arrival)
+            if self.predicted_ttft:
+                ratio = (now - self.arrival) / self.predicted_ttft
+                metrics.TTFT_PREDICTION_RATIO.observe(ratio)
         elif self.last_token is not None and count > 0:
             gap = (now - self.last_token) / count
             metrics.INTER_TOKEN_LATENCY.observe(gap)

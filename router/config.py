@@ -95,6 +95,10 @@ class RouterConfig:
     # Its requests' deadline (0: none): OpenAI's API carries none, and a client that vanished
     # without closing its connection would otherwise hold its streams until max_tokens.
     http_request_timeout_seconds: float = 600.0
+    # Every request's SLOs unless it sets its own (None: none): a request predicted to miss one
+    # is refused at once (router/slo_admission.py). Needs the cost model (`costs`).
+    slo_ttft_seconds: float | None = None
+    slo_tpot_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -119,6 +123,13 @@ class RouterConfig:
         PlacementConfig(self.disagg_threshold, self.max_prefill_queue)  # checks both flags
         if self.placement_mode is PlacementMode.ADAPTIVE and self.costs is None:
             raise ValueError("--placement adaptive: needs --profile (a `pdserve profile` file)")
+        for name in ("slo_ttft_seconds", "slo_tpot_seconds"):
+            value = getattr(self, name)
+            flag = "--" + name.removesuffix("_seconds").replace("_", "-")
+            if value is not None and not value > 0:
+                raise ValueError(f"{flag}: must be > 0 seconds, got {value}")
+            if value is not None and self.costs is None:
+                raise ValueError(f"{flag}: needs --profile (the cost model that predicts it)")
         if self.http_request_timeout_seconds < 0:
             raise ValueError(
                 "--http-request-timeout-seconds: must be >= 0, got "

@@ -50,6 +50,7 @@ from pdserve.router.placement.prefill_place import (
 from pdserve.router.placement.roles import Roles
 from pdserve.router.registry import Registry, Worker
 from pdserve.router.remote_prefill import Chosen, RemotePrefill
+from pdserve.router.slo_admission import Slo, SloGate
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2
 
@@ -90,6 +91,10 @@ class Dispatcher:
         # How long streams ran (those that ended by themselves): adaptive placement prices a
         # request's decode by the forecast, not by its max_tokens alone.
         self.output_lengths = OutputLengths()
+        defaults = Slo(config.slo_ttft_seconds, config.slo_tpot_seconds)
+        self.gate = SloGate(
+            defaults, config.costs, self.roles.worker_states, self.output_lengths.remaining
+        )
 
     @property
     def block_size(self) -> int:
@@ -107,6 +112,10 @@ class Dispatcher:
         while True:
             if target is None:
                 run = _continued(request, emitted) if emitted else request
+                if request.judged and not emitted and not left:  # its first placement
+                    max_tokens = request.sampling.max_tokens
+                    prediction = self.gate.check(request.context_length, max_tokens, request.slo)
+                    clock.predicted_ttft = prediction.ttft_s if prediction else None
                 target = await self._place(run, deadline, clock, avoid=left)
             try:
                 finish = common_pb2.FINISH_REASON_UNSPECIFIED

@@ -14,12 +14,21 @@ log = logging.getLogger(__name__)
 
 
 class RouterError(Exception):
-    """A failure the router decided on itself, with the code the client must get."""
+    """A failure the router decided on itself, with the code the client must get, and when a
+    retry may succeed (None: not said)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
+
+
+def retry_after(error: BaseException) -> float | None:
+    """Seconds after which a retry of the failed request may succeed, if the router said."""
+    return error.retry_after_s if isinstance(error, RouterError) else None
 
 
 # Worker codes the client sees unchanged, details included (FAILED_PRECONDITION names both KV

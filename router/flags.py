@@ -171,6 +171,22 @@ def _add_cost_model_arguments(group: argparse._ArgumentGroup) -> None:
         "the workers' token budget a step (as they were started with): adaptive placement "
         "predicts their prompt chunks with it",
     )
+    add_flag(
+        group,
+        "--slo-ttft",
+        float,
+        None,
+        "seconds: a request predicted to wait longer for its first token is refused at once "
+        "(RESOURCE_EXHAUSTED, a retry delay; a request's own `slo` overrides it; needs "
+        "--profile; default: off)",
+    )
+    add_flag(
+        group,
+        "--slo-tpot",
+        float,
+        None,
+        "seconds: likewise for the mean time per output token (default: off)",
+    )
 
 
 def _costs_from_args(args: argparse.Namespace) -> StepCosts | None:
@@ -250,6 +266,8 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         keepalive=keepalive_from_args(args),
         http_port=args.http_port,
         http_request_timeout_seconds=args.http_request_timeout_seconds,
+        slo_ttft_seconds=args.slo_ttft,
+        slo_tpot_seconds=args.slo_tpot,
     )
     parse_targets("--prefill", config.prefill_targets, allow_empty=True)  # fail at start-up
     parse_targets("--decode", config.decode_targets)

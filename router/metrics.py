@@ -85,3 +85,15 @@ STEP_CORRECTION = Gauge(
     "1: too few steps yet). Only with --profile",
     ["phase", "tier", "worker"],
 )
+ADMISSION_REFUSALS = Counter(
+    "pdserve_router_admission_refusals",
+    "Requests refused at once because their predicted TTFT or TPOT missed their SLO "
+    "(router/slo_admission.py), by which (reason)",
+    ["reason"],
+)
+TTFT_PREDICTION_RATIO = Histogram(
+    "pdserve_router_ttft_prediction_ratio",
+    "Measured / predicted time to first token of the requests admitted under an SLO: the "
+    "admission predictor's error as production sees it",
+    buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
+)

@@ -43,7 +43,10 @@ def sample_requests(request: ValidatedRequest) -> list[ValidatedRequest]:
     params = sampling_from_proto(request.sampling, request.priority)
     return [
         dataclasses.replace(
-            request, request_id=sample_id, sampling=sampling_to_proto(params.for_sample(index))
+            request,
+            request_id=sample_id,
+            sampling=sampling_to_proto(params.for_sample(index)),
+            judged=index == 0,  # the request is admitted (or refused) once, by its first sample
         )
         for index, sample_id in enumerate(sample_ids(request.request_id, params.n))
     ]

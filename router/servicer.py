@@ -19,7 +19,7 @@ from pdserve.router import metrics
 from pdserve.router.admission import Admission, is_finished, usage
 from pdserve.router.clock import RequestClock
 from pdserve.router.dispatch import Deadline
-from pdserve.router.errors import RouterError, to_status
+from pdserve.router.errors import RouterError, retry_after, to_status
 from pdserve.router.samples import (
     clocks_for,
     gather_all,
@@ -109,7 +109,7 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
             raise
         except Exception as error:
             code, message = to_status(error)
-            await context.abort(code, message)
+            await context.abort(code, message, trailing_metadata=_pushback(error))
         finally:
             metrics.REQUESTS.labels(method, code.name).inc()
 
@@ -134,6 +134,13 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
                     response.timings.CopyFrom(clock.to_proto())
         response.text = "".join(texts)
         return response
+
+
+def _pushback(error: BaseException) -> tuple[tuple[str, str], ...]:
+    """gRPC's retry pushback trailer (`grpc-retry-pushback-ms`, the gRPC retry design A6) when
+    the router says when a retry may succeed."""
+    seconds = retry_after(error)
+    return () if seconds is None else (("grpc-retry-pushback-ms", str(round(seconds * 1000))),)
 
 
 def _cancel_code(window: float | None, remaining: float | None) -> grpc.StatusCode:

@@ -25,6 +25,7 @@ from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to
 from pdserve.core.text.chat import ChatTokenizer
 from pdserve.core.text.tokenizer import load_tokenizer
 from pdserve.router.config import RequestCaps
+from pdserve.router.slo_admission import NO_SLO, Slo
 from pdserve.v1 import common_pb2, generation_pb2
 
 # Longer texts are tokenized off the event loop so one big prompt does not stall every stream.
@@ -73,6 +74,10 @@ class ValidatedRequest:
     # Normalized: defaults filled in (max_tokens, top_p), so both tiers read the same values.
     sampling: common_pb2.SamplingParams
     priority: int
+    slo: Slo = NO_SLO  # its own objectives (none: the router's --slo-ttft / --slo-tpot)
+    # Whether its first placement checks the SLOs (router/slo_admission.py): a request's samples
+    # after the first ride on the first one's admission.
+    judged: bool = True
     # A migration's run: the output already streamed to the client, which the next worker
     # computes after the prompt and continues from (dispatch.py).
     resumed_output_token_ids: tuple[int, ...] = ()
@@ -121,6 +126,7 @@ class RequestValidator:
         client_request_id = self._client_request_id(request) or request_id
         params = sampling_from_proto(request.sampling, request.priority)
         self._check_stops(params)
+        slo = Slo.from_proto(request.slo)
         prompt_ids = await self._prompt_token_ids(request)
         self._check_length(request, len(prompt_ids), params.max_tokens)
         return ValidatedRequest(
@@ -129,6 +135,7 @@ class RequestValidator:
             prompt_token_ids=prompt_ids,
             sampling=sampling_to_proto(params),
             priority=request.priority,
+            slo=slo,
         )
 
     def _check_stops(self, params: SamplingParams) -> None:

@@ -9,6 +9,7 @@ RESOURCE_EXHAUSTED is refused here with 429, UNAVAILABLE with 503, INVALID_ARGUM
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from pdserve.core.sampling_params import InvalidRequestError
 from pdserve.router import metrics
-from pdserve.router.errors import to_status
+from pdserve.router.errors import retry_after, to_status
 
 _HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -54,6 +55,7 @@ class ApiError:
     code: grpc.StatusCode
     message: str
     param: str | None = None
+    retry_after_s: float | None = None  # sent as Retry-After (whole seconds, rounded up)
 
     @property
     def http_status(self) -> int:
@@ -71,7 +73,10 @@ class ApiError:
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.http_status)
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(math.ceil(self.retry_after_s))
+        return JSONResponse(self.body(), status_code=self.http_status, headers=headers)
 
 
 def api_error(error: BaseException, params: Mapping[str, str] = _NO_RENAMES) -> ApiError:
@@ -83,7 +88,7 @@ def api_error(error: BaseException, params: Mapping[str, str] = _NO_RENAMES) -> 
     param = param_of(error.field, params) if isinstance(error, InvalidRequestError) else None
     if param is not None and not message.startswith(param):
         message = f"{param}: {message.split(': ', 1)[-1]}"
-    return ApiError(code, message, param)
+    return ApiError(code, message, param, retry_after(error))
 
 
 def param_of(field: str, params: Mapping[str, str]) -> str:

@@ -25,6 +25,15 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class Slo(BaseModel):
+    """pdserve's extension: this request's SLOs (the gRPC `GenerateRequest.slo`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_seconds: float = Field(default=0.0, ge=0.0)
+    tpot_seconds: float = Field(default=0.0, ge=0.0)
+
+
 class _Sampling(BaseModel):
     """Parameters both endpoints share."""
 
@@ -41,6 +50,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension, used by benchmarks such as guidellm
+    slo: Slo | None = None  # pdserve's extension: refused at once if predicted to miss it
 
     def sampling(self) -> common_pb2.SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -59,6 +69,14 @@ class _Sampling(BaseModel):
 
     def _max_tokens(self) -> int:
         return self.max_tokens or DEFAULT_MAX_TOKENS
+
+    def request(self) -> generation_pb2.GenerateRequest:
+        """The gRPC request with what both endpoints share (the prompt aside)."""
+        request = generation_pb2.GenerateRequest(sampling=self.sampling())
+        if self.slo is not None:
+            request.slo.ttft_seconds = self.slo.ttft_seconds
+            request.slo.tpot_seconds = self.slo.tpot_seconds
+        return request
 
     def params(self) -> dict[str, str]:
         """Validator field -> this body's parameter, where the names differ (for errors)."""
@@ -81,7 +99,7 @@ class CompletionRequest(_Sampling):
             raise InvalidRequestError("echo", "not supported")
         if self.logprobs is not None:
             raise InvalidRequestError("logprobs", "not supported")
-        request = generation_pb2.GenerateRequest(sampling=self.sampling())
+        request = self.request()
         if isinstance(self.prompt, str):
             request.prompt = self.prompt
             return request
@@ -129,4 +147,6 @@ class ChatCompletionRequest(_Sampling):
         return [message.to_chat_message() for message in self.messages]
 
     def to_generate_request(self, prompt: str) -> generation_pb2.GenerateRequest:
-        return generation_pb2.GenerateRequest(prompt=prompt, sampling=self.sampling())
+        request = self.request()
+        request.prompt = prompt
+        return request

@@ -95,6 +95,7 @@ class Option:
     ttft_s: float
     stall_s: float  # summed over the streams running where it is prefilled
     decode_s: float = 0.0  # its decode steps, plus what it adds to the streams decoding beside it
+    step_s: float = 0.0  # one step of the decoding worker with it in: its time per output token
 
     @property
     def cost_s(self) -> float:
@@ -174,7 +175,7 @@ def _with_decode(
     before = costs.seconds(worker.decodes) if worker.running else 0.0
     after = costs.seconds(worker.decodes + StepShape.decodes(1, prompt_tokens))
     per_token = after + worker.running * (after - before if worker.running else 0.0)
-    return dataclasses.replace(option, decode_s=output_tokens * per_token)
+    return dataclasses.replace(option, decode_s=output_tokens * per_token, step_s=after)
 
 
 def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _Prefill:

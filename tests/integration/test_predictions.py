@@ -1,8 +1,12 @@
-"""Online correction through real processes: a 1P1D cluster whose router and workers are all given
-a profile with every cost doubled (the shipped profile, already from another host, made 2x more
-wrong). The decode worker's Load reports its recent steps; the correction they give, applied to
-the next burst's steps before those run, predicts them within 15 %; the router and the worker
-export the same factor."""
+"""Predictions through real processes, on a 1P1D cluster whose router (adaptive placement) and
+decode worker are given a profile with every cost doubled (the shipped profile, already from
+another host, made 2x more wrong).
+
+Online correction: the decode worker's Load reports its recent steps; the correction they give,
+applied to the next burst's steps before those run, predicts them within 15 %; the router and the
+worker export the same factor. Admission: under a burst whose requests each ask for a TTFT SLO,
+those predicted to miss it are refused at once with a retry delay, the others complete with
+transformers' tokens, and no block stays held."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
@@ -38,6 +43,7 @@ STREAMS = 4
 # with the first's.
 TOKENS = WINDOW_STEPS + 8
 WITHIN = 0.15
+TTFT_SLO = 1.5  # seconds: a few prompts of the burst fit on this host, not all 24
 
 
 def doubled(profile: Profile) -> Profile:
@@ -60,7 +66,8 @@ def cluster(
 ) -> Iterator[Cluster]:
     logs = tmp_path_factory.mktemp("correction-logs")
     flags = ("--profile", str(wrong_profile))
-    running = start_cluster(model_dir, logs, 1, 1, router_args=flags, decode_args=flags)
+    router = (*flags, "--placement", "adaptive")  # counts each prompt as it places it
+    running = start_cluster(model_dir, logs, 1, 1, router_args=router, decode_args=flags)
     yield running
     running.stop()
 
@@ -115,4 +122,39 @@ def test_a_doubled_profile_predicts_the_next_steps_within_15_percent(
             break
         time.sleep(0.2)
     assert seen == pytest.approx(latest)
+    wait_all_blocks_free(cluster)
+
+
+def test_a_burst_past_its_ttft_slo_is_refused_at_once_and_the_rest_is_served(
+    cluster: Cluster, prompts: list[list[int]], hf_greedy: list[list[int]], max_new_tokens: int
+) -> None:
+    """Three rounds of every prompt (1-500 tokens) at once, each asking for its first token
+    within TTFT_SLO: the first ones find idle workers, the later ones the queue the earlier ones
+    made. Runs after the correction test: the profile is corrected by then."""
+    work = [index for _ in range(3) for index in range(len(prompts))]
+    sampling = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
+
+    async def one(index: int) -> tuple[int, list[int] | grpc.aio.AioRpcError]:
+        request = build_request(prompts[index], sampling=sampling)
+        request.slo.ttft_seconds = TTFT_SLO
+        async with GenerationClient.connect(cluster.router.address) as client:
+            try:
+                return index, list((await client.generate(request)).token_ids)
+            except grpc.aio.AioRpcError as error:
+                return index, error
+
+    async def burst() -> list[tuple[int, list[int] | grpc.aio.AioRpcError]]:
+        return await asyncio.gather(*(one(index) for index in work))
+
+    outcomes = asyncio.run(burst())
+    served = [(i, tokens) for i, tokens in outcomes if isinstance(tokens, list)]
+    refused = [error for _, error in outcomes if isinstance(error, grpc.aio.AioRpcError)]
+    assert served and refused, f"{len(served)} served, {len(refused)} refused"
+    for index, tokens in served:
+        assert tokens == hf_greedy[index]
+    for error in refused:
+        assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, error
+        assert "predicted TTFT" in (error.details() or "")
+        pushback = dict(error.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+        assert int(pushback) >= 1000
     wait_all_blocks_free(cluster)
