@@ -337,12 +337,16 @@ def test_grafana_dashboard_is_off_by_default_and_carries_the_sidecar_label(
 
 def test_router_placement_values_become_its_flags(render: Render) -> None:
     """What an adaptive `pdserve plan` writes reaches the router as --placement, --profile and
-    --max-num-batched-tokens; unset, the router keeps its defaults (no flag)."""
+    --max-num-batched-tokens, and the SLOs admission refuses by as --slo-ttft and --slo-tpot;
+    unset, the router keeps its defaults (no flag)."""
     values = {"placement": "adaptive", "profile": "/etc/pdserve/profile.json"}
-    objects = render({"router": {**values, "maxNumBatchedTokens": 512}}, RELEASE, NAMESPACE)
-    args = container(objects, "router")["args"]
+    slos = {"sloTtftSeconds": 2.0, "sloTpotSeconds": 0.15}
+    router = {**values, "maxNumBatchedTokens": 512, **slos}
+    args = container(render({"router": router}, RELEASE, NAMESPACE), "router")["args"]
     assert flag(args, "--placement") == "adaptive"
     assert flag(args, "--profile") == "/etc/pdserve/profile.json"
     assert flag(args, "--max-num-batched-tokens") == "512"
+    assert (flag(args, "--slo-ttft"), flag(args, "--slo-tpot")) == ("2", "0.15")
     defaults = container(render({}, RELEASE, NAMESPACE), "router")["args"]
     assert flag(defaults, "--placement") is None
+    assert flag(defaults, "--slo-ttft") is None

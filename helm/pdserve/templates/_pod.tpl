@@ -48,6 +48,12 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- with $cfg.maxNumBatchedTokens }}
 - --max-num-batched-tokens={{ . }}
 {{- end }}
+{{- with $cfg.sloTtftSeconds }}
+- --slo-ttft={{ . }}
+{{- end }}
+{{- with $cfg.sloTpotSeconds }}
+- --slo-tpot={{ . }}
+{{- end }}
 {{- end }}
 {{- /* The router tokenizes and renders the chat template: it must read the workers' model. */}}
 - --model={{ .root.Values.model.path }}
