@@ -64,4 +64,5 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
             engine = self.runtime.engine(PrefillEngine)
-            return load_to_proto(engine.load(), self.runtime.engine_loop().steps.windows)
+            loop = self.runtime.engine_loop()
+            return load_to_proto(engine.load(), loop.steps.windows, loop.step_running_seconds())

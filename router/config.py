@@ -62,6 +62,9 @@ class RouterConfig:
     max_attempts: int = 3
     load_poll_interval_seconds: float = 0.5
     load_timeout_seconds: float = 1.0
+    # A step is bounded by the token budget (a second or two on a CPU); a decode worker whose
+    # Load reports one running this long is wedged, and its streams fail over (0: never).
+    engine_stall_seconds: float = 60.0
     # Best-effort Decode.Abort after a cancel, deadline or failure must not hold anything up.
     abort_timeout_seconds: float = 1.0
     # Decode.Abort is retried (each try with twice the time) until it answers or this many fail.
@@ -118,6 +121,10 @@ class RouterConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{_flag(name)}: must be > 0, got {getattr(self, name)}")
+        if self.engine_stall_seconds < 0:
+            raise ValueError(
+                f"--engine-stall-seconds: must be >= 0 (0: never), got {self.engine_stall_seconds}"
+            )
         if self.max_migrations < 0:
             raise ValueError(f"--max-migrations: must be >= 0, got {self.max_migrations}")
         PlacementConfig(self.disagg_threshold, self.max_prefill_queue)  # checks both flags

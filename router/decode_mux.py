@@ -187,7 +187,14 @@ class _Stream:
         self._commands: asyncio.Queue[decode_pb2.MultiplexCommand] = asyncio.Queue()
         self._call: MultiplexCall = stub.Multiplex(self._outgoing())
         self._on_end = on_end
+        self._lost: str | None = None  # why the router gave the worker up (lose)
         self._reader = asyncio.create_task(self._read())
+
+    def lose(self, reason: str) -> None:
+        """Gives the worker up (it answers, but moves nothing): the call is cancelled and every
+        request on it fails UNAVAILABLE, which the dispatcher migrates."""
+        self._lost = reason
+        self._call.cancel()
 
     def start(self, command: decode_pb2.MultiplexCommand, request_id: str) -> None:
         self.inboxes[request_id] = _Inbox()
@@ -220,8 +227,10 @@ class _Stream:
                 f"Multiplex stream broke: {failure.code().name}: {failure.details()}",
             )
         except asyncio.CancelledError:
-            error = rpc_error(grpc.StatusCode.CANCELLED, "router: Multiplex stream closed")
-            raise
+            if self._lost is None:
+                error = rpc_error(grpc.StatusCode.CANCELLED, "router: Multiplex stream closed")
+                raise
+            error = rpc_error(grpc.StatusCode.UNAVAILABLE, self._lost)  # our cancel, not a close
         finally:
             self.ended = True
             self._on_end(self)
@@ -251,6 +260,12 @@ class DecodeMultiplexer:
             self._streams[worker] = stream
         stream.start(command, request_id)
         return MuxRun(stream, request_id, deadline)
+
+    def lose(self, worker: Worker[DecodeAsyncStub]) -> None:
+        """Fails every request on `worker`'s stream over to other workers (a wedged engine)."""
+        stream = self._streams.get(worker)
+        if stream is not None:
+            stream.lose(f"decode worker {worker.address}: engine wedged (one step too long)")
 
     def _ended(self, worker: Worker[DecodeAsyncStub], stream: _Stream) -> None:
         if self._streams.get(worker) is stream:

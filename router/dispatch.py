@@ -88,6 +88,7 @@ class Dispatcher:
         self.roles = Roles(registry)
         self.live = LiveMigration(registry, self.aborts)
         self.multiplexer = DecodeMultiplexer()
+        registry.decode.on_stalled = self.multiplexer.lose  # a wedged engine's streams move
         # How long streams ran (those that ended by themselves): adaptive placement prices a
         # request's decode by the forecast, not by its max_tokens alone.
         self.output_lengths = OutputLengths()

@@ -71,6 +71,14 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         group,
+        "--engine-stall-seconds",
+        float,
+        defaults.engine_stall_seconds,
+        "a decode worker whose Load reports one engine step running this long is wedged: its "
+        "streams fail over to other workers, as a lost worker's do (0: never)",
+    )
+    add_flag(
+        group,
         "--abort-timeout-seconds",
         float,
         defaults.abort_timeout_seconds,
@@ -246,6 +254,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_queue=args.max_queue,
         max_attempts=args.max_attempts,
         load_poll_interval_seconds=args.load_poll_interval_seconds,
+        engine_stall_seconds=args.engine_stall_seconds,
         abort_timeout_seconds=args.abort_timeout_seconds,
         disagg_threshold=args.disagg_threshold,
         max_prefill_queue=args.max_prefill_queue,

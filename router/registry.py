@@ -105,6 +105,10 @@ class WorkerPool(Generic[StubT]):
         self._make_stub = make_stub
         self._load_timeout = config.load_timeout_seconds
         self._costs = config.costs  # its per-worker corrections are exported as gauges
+        self._stall_limit = config.engine_stall_seconds
+        # Called once when a worker's Load shows its engine wedged (the dispatcher fails its
+        # streams over); None: nothing to fail.
+        self.on_stalled: Callable[[Worker[StubT]], None] | None = None
         self._tls = config.worker_tls
         # A fixed HTTP/2 window (no BDP probing, which grows it to megabytes on a fast link):
         # a decode worker's Multiplex stream then cannot run more than 64 KB ahead of what this
@@ -252,6 +256,8 @@ class WorkerPool(Generic[StubT]):
                 worker.healthy = False
             worker.slow = not dead and not worker.healthy
             return
+        if self._stalled(worker, report):
+            return
         if not worker.healthy:
             log.info("%s worker %s healthy", self.tier.value, worker.address)
         worker.report, worker.healthy, worker.dispatched_since_poll = report, True, 0
@@ -259,6 +265,26 @@ class WorkerPool(Generic[StubT]):
         worker.slow = False
         worker.failed_polls = 0
         self._export_correction(worker)
+
+    def _stalled(self, worker: Worker[StubT], report: common_pb2.LoadResponse) -> bool:
+        """A worker whose engine has been on one step for --engine-stall-seconds answers Load
+        (its gRPC server runs apart) but moves none of its streams: unhealthy until a report
+        shows it stepping again; the first such report fails its streams over."""
+        limit = self._stall_limit
+        if not (limit and report.step_running_seconds > limit):
+            return False
+        if worker.healthy or worker.slow:
+            log.warning(
+                "%s worker %s wedged: one engine step running for %.0f s; failing its streams over",
+                self.tier.value,
+                worker.address,
+                report.step_running_seconds,
+            )
+            if self.on_stalled is not None:
+                self.on_stalled(worker)
+        worker.healthy, worker.slow = False, False
+        self._update_gauges()
+        return True
 
     def _export_correction(self, worker: Worker[StubT]) -> None:
         if self._costs is None or worker.report is None:

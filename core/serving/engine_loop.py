@@ -72,6 +72,7 @@ class EngineLoop:
         self._touched: dict[int, StepGroup] = {}  # groups given items since their last flush
         self._poll_interval_s = poll_interval_s
         self.steps = StepRecorder()  # this worker's recent steps, timed
+        self._step_started: float | None = None  # perf_counter of the step running now
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdserve-engine", daemon=True)
 
@@ -125,12 +126,18 @@ class EngineLoop:
                     self._deliver(request_id, item)
                 self._flush_groups()
             if self.engine.has_unfinished():
-                started = time.perf_counter()
+                started = self._step_started = time.perf_counter()
                 stepped = self._step()
                 self._flush_groups()
+                self._step_started = None
                 shape = self.engine.last_step_shape
                 if stepped and shape is not None:
                     self.steps.record(shape, time.perf_counter() - started)
+
+    def step_running_seconds(self) -> float:
+        """How long the step running now has run (0: none is); read from any thread."""
+        started = self._step_started
+        return 0.0 if started is None else time.perf_counter() - started
 
     def busy(self) -> bool:
         """Whether any request is still in flight here (for draining)."""

@@ -142,7 +142,8 @@ class StreamServicer(decode_pb2_grpc.DecodeServicer):
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
             engine = self.runtime.engine(LLMEngine)
-            return load_to_proto(engine.load(), self.runtime.engine_loop().steps.windows)
+            loop = self.runtime.engine_loop()
+            return load_to_proto(engine.load(), loop.steps.windows, loop.step_running_seconds())
 
 
 async def _needs_a_decode_worker(call: str, context: Context) -> NoReturn:

@@ -144,3 +144,31 @@ def test_a_stream_broken_with_any_code_migrates_every_request_on_it(router_stack
             assert len(continued) >= 2  # more than the one whose run broke the stream
 
     asyncio.run(body())
+
+
+def test_a_wedged_decode_engine_fails_its_streams_over(router_stack: Any) -> None:
+    """The decode worker answers Load but reports one engine step running past
+    --engine-stall-seconds (its engine thread is stuck; its gRPC server is not, so keepalive
+    never fires): the router gives it up and the streams on it continue on the other worker,
+    without repeats. Before, they waited for it for ever."""
+
+    async def body() -> None:
+        async with router_stack(num_decode=2, engine_stall_seconds=5.0) as stack:
+            wedged, other = stack.tiers.decode
+            wedged.knobs.delay_seconds = 0.2  # a token every 0.2 s: still streaming when wedged
+            other.knobs.load.num_waiting = 100  # the router starts the stream on the wedged one
+            await stack.registry.poll()
+            request = build_request([1], sampling=common_pb2.SamplingParams(max_tokens=8))
+            tokens: list[int] = []
+            async for chunk in stack.client.generate_stream(request, timeout=20):
+                tokens.extend(chunk.token_ids)
+                if len(tokens) == 2:
+                    wedged.knobs.load.step_running_seconds = 6.0
+                    other.knobs.load.num_waiting = 0
+                    await stack.registry.poll()
+            assert tokens[:2] == [FIRST_TOKEN_ID, 1]
+            assert len(tokens) == 8 and other.reserves  # continued on the other worker
+            address = stack.tiers.decode_addresses[0]
+            assert not stack.registry.decode.workers[address].healthy
+
+    asyncio.run(body())
