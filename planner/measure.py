@@ -2,8 +2,8 @@
 KV-transfer copies per block. The numbers feed `profile.fit`.
 
 Steps are timed around `LLMEngine.step()` as a whole (schedule, forward, sampling, detokenize):
-that is what a worker's engine thread pays per step. The engine's scheduler is a subclass that
-remembers the shape of the plan it just made, so each time is paired with what the step ran.
+that is what a worker's engine thread pays per step. Each time is paired with what the step ran
+(`LLMEngine.last_step_shape`, the shape serving workers time their steps by too).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from pdserve.core.config import EngineConfig
 from pdserve.core.engine import LLMEngine
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
+from pdserve.core.sched.scheduler import SchedulerOutput
 from pdserve.core.transfer.interface import TOKEN_NBYTES
 from pdserve.core.transfer.staging import Staging, block_index
 from pdserve.costmodel.host import this_host
@@ -33,30 +33,12 @@ from pdserve.costmodel.profile import (
     contention_of,
     fit,
 )
-from pdserve.costmodel.step_shape import StepShape
 
 # Loopback wire bandwidth for KV transfers, bytes/s: docs/transfer.md measured 46 MB in 17-95 ms
 # on the wire (0.5-2.7 GB/s) on this 2-core box; 1 GB/s sits inside that range. Timing the wire
 # would need two UCX processes, and on this machine it is the smallest part of a transfer.
 WIRE_BYTES_PER_S = 1.0e9
 FIRST_ID = 100  # random prompt ids skip the special tokens
-
-
-class RecordingScheduler(Scheduler):
-    """The real scheduler, remembering the shape of its last plan."""
-
-    last_shape = StepShape()
-
-    def schedule(self) -> SchedulerOutput:
-        output = super().schedule()
-        by_id = {request.request_id: request for request in self.running}
-        self.last_shape = StepShape.of(
-            [
-                (by_id[rid].num_computed_tokens, num_new)
-                for rid, num_new in output.num_scheduled_tokens.items()
-            ]
-        )
-        return output
 
 
 @dataclass(frozen=True)
@@ -101,9 +83,9 @@ def run_scenario(
         started, cpu_started = time.perf_counter(), time.thread_time()
         engine.step()
         seconds, cpu_seconds = time.perf_counter() - started, time.thread_time() - cpu_started
-        scheduler = engine.scheduler
-        assert isinstance(scheduler, RecordingScheduler)
-        samples.append(StepSample(name, scheduler.last_shape, seconds, cpu_seconds))
+        shape = engine.last_step_shape  # None: the step swapped (priced per block, apart)
+        if shape is not None:
+            samples.append(StepSample(name, shape, seconds, cpu_seconds))
         step += 1
     return samples
 
@@ -141,7 +123,7 @@ def pin_to(cpu: int) -> None:
 
 
 def measure(model_dir: Path, config: EngineConfig, repeats: int, seed: int = 0) -> Profile:
-    engine = LLMEngine(model_dir, config, scheduler_class=RecordingScheduler)
+    engine = LLMEngine(model_dir, config)
     rng = random.Random(seed)
     runs = scenarios(rng)
     run_scenario(engine, "warm-up", runs["mixed"][:4], rng)  # first steps pay one-off costs
