@@ -11,7 +11,6 @@ request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,10 +19,8 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import grpc
 
 from pdserve.core.serving.server import message_limits
-from pdserve.core.serving.step_window_proto import step_windows_from_proto
 from pdserve.core.serving.tls import secure_channel
-from pdserve.costmodel.correction import StepPhase
-from pdserve.router import metrics
+from pdserve.router import correction_gauge, metrics
 from pdserve.router.config import RouterConfig, Tier
 from pdserve.router.placement.prefix_hash import PrefixHash
 from pdserve.router.placement.prefix_map import PrefixMap
@@ -264,7 +261,8 @@ class WorkerPool(Generic[StubT]):
         worker.sent_prompts = worker.sent_prompt_tokens = 0
         worker.slow = False
         worker.failed_polls = 0
-        self._export_correction(worker)
+        if self._costs is not None:
+            correction_gauge.export(self._costs, self.tier.value, worker.address, report)
 
     def _stalled(self, worker: Worker[StubT], report: common_pb2.LoadResponse) -> bool:
         """A worker whose engine has been on one step for --engine-stall-seconds answers Load
@@ -286,24 +284,13 @@ class WorkerPool(Generic[StubT]):
         self._update_gauges()
         return True
 
-    def _export_correction(self, worker: Worker[StubT]) -> None:
-        if self._costs is None or worker.report is None:
-            return
-        corrected = self._costs.corrected(step_windows_from_proto(worker.report.step_windows))
-        for phase in StepPhase:
-            factor = corrected.correction.factors.get(phase, 1.0)
-            metrics.STEP_CORRECTION.labels(phase.value, self.tier.value, worker.address).set(factor)
-
     def _close_if_idle(self, worker: Worker[StubT]) -> None:
         if worker.removed and worker.in_flight == 0 and self.workers.get(worker.address) is worker:
             del self.workers[worker.address]
             if self.prefix_map is not None:
                 self.prefix_map.forget(worker.address)
             if self._costs is not None:
-                for phase in StepPhase:
-                    labels = (phase.value, self.tier.value, worker.address)
-                    with contextlib.suppress(KeyError):  # never polled successfully
-                        metrics.STEP_CORRECTION.remove(*labels)
+                correction_gauge.forget(self.tier.value, worker.address)
             task = asyncio.get_running_loop().create_task(worker.channel.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
