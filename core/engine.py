@@ -6,6 +6,7 @@ One thread drives `step()`; everything else (adding, aborting) happens between s
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,10 +36,13 @@ from pdserve.core.sched.engine_load import EngineLoad, load_of
 from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
 from pdserve.core.spec.proposer import make_proposer
 from pdserve.core.spec.speculator import Speculator
+from pdserve.core.structured.grammar import Grammars, GrammarState
 from pdserve.core.text.detokenizer import IncrementalDetokenizer
 from pdserve.core.text.tokenizer import load_tokenizer
 from pdserve.costmodel.output_length import OutputLengths
 from pdserve.costmodel.step_shape import StepShape
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,9 @@ class LLMEngine:
         # How long this worker's streams ran (those that ended by themselves): the step budget
         # forecasts a running stream's remaining tokens from it.
         self.output_lengths = OutputLengths()
+        self.grammars = Grammars(
+            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
 
     # -- requests -------------------------------------------------------------------------
 
@@ -140,6 +147,8 @@ class LLMEngine:
         self._check_fits(len(token_ids), params.max_tokens)
         if params.n > self.config.max_num_seqs:
             raise InvalidRequestError("n", f"{params.n} exceeds max_num_seqs")
+        if params.structured is not None:
+            self.grammars.compiled(params.structured)  # refused now if it does not compile
         resumed = self._resumed_output(resumed_output, params)
         samples = [
             self._new_request(sample_id, token_ids, params.for_sample(index), order, index)
@@ -159,6 +168,7 @@ class LLMEngine:
         request = Request(request_id, list(token_ids), params, order, time.monotonic())
         request.sample_index = index
         request.noise = seeded_noise(params, 0)
+        request.grammar = self._grammar_state(params)
         self.requests[request_id] = request
         self._detokenizers[request_id] = self._new_detokenizer(params)
         return request
@@ -173,7 +183,17 @@ class LLMEngine:
             raise InvalidRequestError(
                 field, f"{len(resumed)} tokens leave none of max_tokens ({params.max_tokens})"
             )
-        return self._token_ids(list(resumed), field)
+        token_ids = self._token_ids(list(resumed), field)
+        grammar = self._grammar_state(params)
+        if grammar is not None and not grammar.advance_all(token_ids):
+            raise InvalidRequestError(field, "the grammar of `structured` refuses these tokens")
+        return token_ids
+
+    def _grammar_state(self, params: SamplingParams) -> GrammarState | None:
+        """A fresh matcher of the request's structured constraint (None: unconstrained)."""
+        if params.structured is None:
+            return None
+        return self.grammars.state_for(params.structured)
 
     def resume(self, request: Request, resumed: list[int], tokens_sampled_elsewhere: int) -> None:
         """Migration: `request` continues after `resumed`, output a lost worker already streamed.
@@ -185,6 +205,11 @@ class LLMEngine:
         The text those tokens released is not released again: the client has it."""
         request.output_token_ids = list(resumed)
         request.noise = seeded_noise(request.params, tokens_sampled_elsewhere)
+        if request.grammar is not None:
+            # Checked when the request came (`_resumed_output`); a live migration's last token
+            # when it started (DecodeEngine.start).
+            caught_up = request.grammar.catch_up(request.output_token_ids)
+            assert caught_up, f"{request.request_id}: resumed output refused by its grammar"
         if resumed:
             self._detokenizers[request.request_id].add(list(resumed), final=False)
 
@@ -207,6 +232,9 @@ class LLMEngine:
         resumed = self._resumed_output(resumed_output, params)
         request = Request(request_id, token_ids, params, next(self._arrivals), time.monotonic())
         request.output_token_ids = resumed
+        request.grammar = self._grammar_state(params)
+        if request.grammar is not None:
+            request.grammar.catch_up(resumed)  # `_resumed_output` checked that it may
         return request
 
     def _track(self, request: Request) -> None:
@@ -311,7 +339,9 @@ class LLMEngine:
 
     def step(self) -> list[TokenDelta]:
         if self.speculator is not None:
-            self.speculator.propose([r for r in self.scheduler.running if self._may_draft(r)])
+            drafting = [r for r in self.scheduler.running if self._may_draft(r)]
+            self.speculator.propose(drafting)
+            _cut_drafts_to_grammar(drafting)
         output = self.scheduler.schedule()
         self.last_step_shape = self._priced_shape(output)
         now = time.monotonic()
@@ -374,6 +404,8 @@ class LLMEngine:
         """`token` was just appended: the status it ends the request with (None: goes on) and
         its text."""
         status = self._stop_status(request, token)
+        if request.grammar is not None:
+            status = self._grammar_status(request.request_id, request.grammar, token) or status
         detokenizer = self._detokenizers[request.request_id]
         text = detokenizer.add([token], final=status is not None)
         if detokenizer.stopped:
@@ -395,6 +427,17 @@ class LLMEngine:
         return TokenDelta(
             request.request_id, tokens, text, FinishReason.of(status) if status else None
         )
+
+    def _grammar_status(
+        self, request_id: str, grammar: GrammarState, token: int
+    ) -> RequestStatus | None:
+        """Advances the request's grammar by `token`: STOPPED once the output is complete."""
+        if not grammar.advance(token):
+            # The mask allows only what the grammar does: a refused token is a bug, and the
+            # request ends rather than return output that breaks its constraint.
+            log.error("request %s: token %d refused by its grammar; aborted", request_id, token)
+            return RequestStatus.FINISHED_ABORTED
+        return RequestStatus.FINISHED_STOPPED if grammar.terminated else None
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
@@ -426,3 +469,12 @@ class LLMEngine:
             num_accepted_tokens=self.speculator.num_accepted_tokens if self.speculator else 0,
             num_window_freed_blocks=kv_manager.num_window_freed_blocks,
         )
+
+
+def _cut_drafts_to_grammar(requests: list[Request]) -> None:
+    """Drops each constrained request's drafts from the first one its grammar refuses: the
+    target could never keep it, and verifying it costs a query token."""
+    for request in requests:
+        if request.grammar is not None and request.draft_token_ids:
+            allowed = request.grammar.allowed_prefix(request.draft_token_ids)
+            del request.draft_token_ids[allowed:]

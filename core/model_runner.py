@@ -25,6 +25,7 @@ from pdserve.core.request import Request
 from pdserve.core.sampler import sample
 from pdserve.core.sched.scheduler import SchedulerOutput
 from pdserve.core.spec.verify import verify_drafts
+from pdserve.core.structured.grammar import ConstrainedRows, mask_logits
 from pdserve.kernels import copy_blocks
 
 _BLOCK_DIM = 2  # the block axis of KVCache.tensor
@@ -163,6 +164,7 @@ def _sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, lis
     """`logits` hold `chunk.num_logits` rows per chunk, in order. Chunks without drafts sample
     their one row together; each chunk with drafts verifies its rows."""
     first_rows = list(itertools.accumulate((chunk.num_logits for chunk in chunks), initial=0))
+    mask_logits(logits, _constrained_rows(chunks, first_rows))
     plain = [index for index, chunk in enumerate(chunks) if not chunk.drafts]
     tokens: dict[str, list[int]] = {}
     if plain:
@@ -182,3 +184,12 @@ def _sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, lis
                 rows, chunk.drafts, request.params, request.noise
             )
     return tokens
+
+
+def _constrained_rows(chunks: list[ScheduledChunk], first_rows: list[int]) -> list[ConstrainedRows]:
+    """The rows of the chunks whose requests have a structured constraint."""
+    return [
+        ConstrainedRows(first_rows[index], chunk.request.grammar, chunk.drafts)
+        for index, chunk in enumerate(chunks)
+        if chunk.request.grammar is not None
+    ]

@@ -10,6 +10,7 @@ from pdserve.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pdserve.core.sampler import SeededNoise
+    from pdserve.core.structured.grammar import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -61,6 +62,9 @@ class Request:
     # Speculative decoding: tokens proposed to follow its context, not yet verified. They never
     # enter `output_token_ids` (nor the prefix cache) unless the target model agrees.
     draft_token_ids: list[int] = field(default_factory=list)
+    # Its structured constraint's matcher, having accepted exactly `output_token_ids` (None:
+    # unconstrained); the sampler masks its logits with what the grammar allows next.
+    grammar: GrammarState | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pdserve.core.structured.params import StructuredOutputsParams
 
 # Sample i of a request with n > 1 runs as `<request id>/<i>`, in the engine and at the router.
 SAMPLE_SEPARATOR = "/"
@@ -36,6 +40,7 @@ class SamplingParams:
     ignore_eos: bool = False
     priority: int = 0  # higher runs first under the `priority` policy
     n: int = 1  # completions of the prompt; they share its KV blocks (copy-on-write)
+    structured: StructuredOutputsParams | None = None  # what the output must follow
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -54,6 +59,7 @@ class SamplingParams:
             raise InvalidRequestError("stop", "every stop string must be a non-empty string")
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, minimum=0)
+        _check_structured(self.structured)
 
     @property
     def greedy(self) -> bool:
@@ -69,6 +75,14 @@ class SamplingParams:
 def sample_ids(request_id: str, n: int) -> list[str]:
     """The ids of a request's n samples: itself for n = 1, else `<id>/0` .. `<id>/<n-1>`."""
     return [request_id] if n == 1 else [f"{request_id}{SAMPLE_SEPARATOR}{i}" for i in range(n)]
+
+
+def _check_structured(structured: object) -> None:
+    # Imported here: the structured module raises this module's InvalidRequestError.
+    from pdserve.core.structured.params import StructuredOutputsParams
+
+    if structured is not None and not isinstance(structured, StructuredOutputsParams):
+        raise InvalidRequestError("structured", "must be a StructuredOutputsParams")
 
 
 def _check_int(field: str, value: object, minimum: int | None) -> None:

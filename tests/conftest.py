@@ -4,7 +4,7 @@ strict mypy started in the background."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +71,25 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def transformers_greedy(
-    model_dir: Path, prompts: list[list[int]], max_new_tokens: int
+    model_dir: Path,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    logits_processors: Callable[[int], list[Any]] | None = None,
 ) -> list[list[int]]:
+    """`logits_processors(i)`: fresh logits processors for prompt i (one generate each)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     outputs = []
     with torch.inference_mode():
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
             ids = torch.tensor([prompt])
             generated = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                logits_processor=logits_processors(index) if logits_processors else None,
             )
             outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
