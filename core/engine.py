@@ -100,7 +100,10 @@ class LLMEngine:
         )
         if swap is not None and device.type == "cuda":
             swap.tensor = swap.tensor.pin_memory()  # async, full-speed host<->device copies
-        self.runner = ModelRunner(model, kv_cache, swap)
+        self.grammars = Grammars(
+            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
+        self.runner = ModelRunner(model, kv_cache, swap, self.grammars)
         self.scheduler = scheduler_class(config, self.model_config.sliding_window)
         proposer = make_proposer(config)
         self.speculator = (
@@ -116,9 +119,6 @@ class LLMEngine:
         # How long this worker's streams ran (those that ended by themselves): the step budget
         # forecasts a running stream's remaining tokens from it.
         self.output_lengths = OutputLengths()
-        self.grammars = Grammars(
-            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
-        )
 
     # -- requests -------------------------------------------------------------------------
 
@@ -184,9 +184,10 @@ class LLMEngine:
                 field, f"{len(resumed)} tokens leave none of max_tokens ({params.max_tokens})"
             )
         token_ids = self._token_ids(list(resumed), field)
-        grammar = self._grammar_state(params)
-        if grammar is not None and not grammar.advance_all(token_ids):
-            raise InvalidRequestError(field, "the grammar of `structured` refuses these tokens")
+        if params.structured is not None:  # a matcher to check with, not the request's own
+            grammar = GrammarState(self.grammars.compiled(params.structured))
+            if not grammar.advance_all(token_ids):
+                raise InvalidRequestError(field, "the grammar of `structured` refuses these tokens")
         return token_ids
 
     def _grammar_state(self, params: SamplingParams) -> GrammarState | None:

@@ -25,7 +25,7 @@ from pdserve.core.request import Request
 from pdserve.core.sampler import sample
 from pdserve.core.sched.scheduler import SchedulerOutput
 from pdserve.core.spec.verify import verify_drafts
-from pdserve.core.structured.grammar import ConstrainedRows, mask_logits
+from pdserve.core.structured.grammar import ConstrainedRows, Grammars
 from pdserve.kernels import copy_blocks
 
 _BLOCK_DIM = 2  # the block axis of KVCache.tensor
@@ -59,8 +59,15 @@ class ScheduledChunk:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_cache: KVCache, swap_cache: KVCache | None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: KVCache,
+        swap_cache: KVCache | None,
+        grammars: Grammars,
+    ) -> None:
         self.model = model
+        self.grammars = grammars  # masks the logits of requests with a structured constraint
         self.kv_cache = kv_cache
         self.swap_cache = swap_cache
         self.block_size = kv_cache.layout.block_size
@@ -80,7 +87,9 @@ class ModelRunner:
         if not chunks:
             return {}
         logits = self.model.forward(self._build_batch(chunks), self.kv_cache, after_layer)
-        return _sample(logits, [chunk for chunk in chunks if chunk.completes])
+        sampled = [chunk for chunk in chunks if chunk.completes]
+        self.grammars.mask(logits, _constrained_rows(sampled))
+        return _sample(logits, sampled)
 
     def _copy_blocks(self, output: SchedulerOutput) -> None:
         """Swap-out, copy-on-write, swap-in: the order core/sched/scheduler.py relies on."""
@@ -163,8 +172,7 @@ def _ordered_chunks(output: SchedulerOutput, requests: dict[str, Request]) -> li
 def _sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, list[int]]:
     """`logits` hold `chunk.num_logits` rows per chunk, in order. Chunks without drafts sample
     their one row together; each chunk with drafts verifies its rows."""
-    first_rows = list(itertools.accumulate((chunk.num_logits for chunk in chunks), initial=0))
-    mask_logits(logits, _constrained_rows(chunks, first_rows))
+    first_rows = _first_rows(chunks)
     plain = [index for index, chunk in enumerate(chunks) if not chunk.drafts]
     tokens: dict[str, list[int]] = {}
     if plain:
@@ -186,8 +194,14 @@ def _sample(logits: torch.Tensor, chunks: list[ScheduledChunk]) -> dict[str, lis
     return tokens
 
 
-def _constrained_rows(chunks: list[ScheduledChunk], first_rows: list[int]) -> list[ConstrainedRows]:
+def _first_rows(chunks: list[ScheduledChunk]) -> list[int]:
+    """Where each chunk's logits rows start (and, last, their total)."""
+    return list(itertools.accumulate((chunk.num_logits for chunk in chunks), initial=0))
+
+
+def _constrained_rows(chunks: list[ScheduledChunk]) -> list[ConstrainedRows]:
     """The rows of the chunks whose requests have a structured constraint."""
+    first_rows = _first_rows(chunks)
     return [
         ConstrainedRows(first_rows[index], chunk.request.grammar, chunk.drafts)
         for index, chunk in enumerate(chunks)

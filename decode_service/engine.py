@@ -184,6 +184,11 @@ class DecodeEngine(LLMEngine):
             raise TransferTokenError(f"transfer_token: does not match request {request_id!r}")
         if not 0 <= first_token < self.model_config.vocab_size:
             raise InvalidRequestError("first_token_id", f"{first_token} is outside the vocabulary")
+        grammar = reservation.request.grammar
+        if grammar is not None and not grammar.allowed_prefix([first_token]):
+            raise InvalidRequestError(
+                "first_token_id", f"{first_token} is refused by the grammar of `structured`"
+            )
         reservation.first_token = first_token
         reservation.since = time.monotonic()
 

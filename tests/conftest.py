@@ -149,3 +149,32 @@ def window_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 def window_hf_greedy(window_model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
     """transformers' greedy WINDOW_MAX_TOKENS tokens of the sliding-window model per prompt."""
     return transformers_greedy(window_model_dir, prompts, WINDOW_MAX_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def structured_prompts(tokenizer: Any) -> list[list[int]]:
+    """A chat prompt for each of tests/structured_cases.py's CASES."""
+    from tests.structured_cases import CASES, chat_prompt
+
+    return [chat_prompt(tokenizer, question) for question, _ in CASES]
+
+
+@pytest.fixture(scope="session")
+def structured_reference(
+    model_dir: Path, tokenizer: Any, structured_prompts: list[list[int]]
+) -> list[list[int]]:
+    """transformers' greedy tokens for each case under xgrammar's own logits processor, compiled
+    by the engine's compiler."""
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    from pdserve.core.model.config import load_model_config
+    from pdserve.core.structured.grammar import Grammars
+    from tests.structured_cases import CASES, MAX_TOKENS
+
+    config = load_model_config(model_dir)
+    grammars = Grammars(tokenizer, config.vocab_size, config.eos_token_ids)
+
+    def processors(index: int) -> list[Any]:
+        return [LogitsProcessor(grammars.compiled(CASES[index][1]))]
+
+    return transformers_greedy(model_dir, structured_prompts, MAX_TOKENS, processors)

@@ -82,6 +82,7 @@ class MultiplexStream:
         self.outbox: asyncio.Queue[list[Item]] = asyncio.Queue()
         self.group = _Group(self.outbox)
         self.runs: dict[str, _Run] = {}
+        self._compiling: set[asyncio.Task[None]] = set()  # starts waiting for their grammar
 
     async def serve(
         self, commands: AsyncIterator[decode_pb2.MultiplexCommand]
@@ -95,6 +96,8 @@ class MultiplexStream:
             reader.result()  # a failed read ends the call with its error
         finally:
             reader.cancel()
+            for compiling in self._compiling:
+                compiling.cancel()
             self._abort_all()
 
     async def _next_items(self, reader: asyncio.Task[None]) -> list[Item]:
@@ -143,7 +146,26 @@ class MultiplexStream:
             self.outbox.put_nowait([(request_id, error)])
             return
         self.runs[request_id] = self._new_run(starting.usage, starting.movable)
-        start = starting.start
+        if starting.structured is None:
+            self._start_on_engine(request_id, starting.start)
+            return
+        # Compiled off the engine thread, and off this reader: the stream's other commands go
+        # on while a grammar compiles.
+        compiling = asyncio.create_task(self._compile_then_start(request_id, starting))
+        self._compiling.add(compiling)
+        compiling.add_done_callback(self._compiling.discard)
+
+    async def _compile_then_start(self, request_id: str, starting: RequestStart) -> None:
+        try:
+            await self.runtime.compile_grammar(starting.structured)
+        except Exception as error:  # as the request's own call would have ended
+            if request_id in self.runs:
+                self.outbox.put_nowait([(request_id, error)])
+            return
+        if request_id in self.runs:  # not cancelled meanwhile
+            self._start_on_engine(request_id, starting.start)
+
+    def _start_on_engine(self, request_id: str, start: Callable[[], None]) -> None:
         loop = self.runtime.engine_loop()
         group = self.group
 

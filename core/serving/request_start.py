@@ -18,6 +18,7 @@ from pdserve.core.errors import NotServedHereError
 from pdserve.core.serving import stream_metrics
 from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.core.serving.work_request import work_from_proto
+from pdserve.core.structured.params import StructuredOutputsParams
 from pdserve.v1 import common_pb2, decode_pb2
 
 
@@ -28,6 +29,9 @@ class RequestStart:
     usage: common_pb2.Usage
     start: Callable[[], None]  # runs on the engine thread
     movable: bool  # once this worker drains, the router may move the request elsewhere
+    # Its structured constraint, to compile (TierRuntime.compile_grammar) before `start`; None
+    # where there is none or it was compiled earlier (a reservation's).
+    structured: StructuredOutputsParams | None = None
 
 
 StartTransferred: TypeAlias = Callable[[TierRuntime, decode_pb2.DecodeRequest], RequestStart]
@@ -50,7 +54,9 @@ def local_start(runtime: TierRuntime, request: decode_pb2.GenerateLocalRequest) 
         )
 
     stream_metrics.LOCAL_PREFILLS.inc()
-    return RequestStart(usage, start, movable=engine.streams_move_on_drain)
+    return RequestStart(
+        usage, start, movable=engine.streams_move_on_drain, structured=work.params.structured
+    )
 
 
 def refuse_transferred(runtime: TierRuntime, request: decode_pb2.DecodeRequest) -> RequestStart:

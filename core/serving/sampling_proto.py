@@ -8,6 +8,7 @@ cannot tell unset from zero). Errors are InvalidRequestError whose field names f
 from __future__ import annotations
 
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
+from pdserve.core.structured.params import StructuredOutputsParams
 from pdserve.v1 import common_pb2
 
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
@@ -28,6 +29,7 @@ def sampling_from_proto(message: common_pb2.SamplingParams, priority: int) -> Sa
             ignore_eos=message.ignore_eos,
             priority=priority,
             n=message.n or 1,
+            structured=_structured_from_proto(message),
         )
     except InvalidRequestError as error:
         field = error.field if error.field == "priority" else f"sampling.{error.field}"
@@ -47,4 +49,27 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     )
     if params.seed is not None:
         message.seed = params.seed
+    if params.structured is not None:
+        message.structured.CopyFrom(_structured_to_proto(params.structured))
     return message
+
+
+def _structured_from_proto(message: common_pb2.SamplingParams) -> StructuredOutputsParams | None:
+    if not message.HasField("structured"):
+        return None
+    structured = message.structured
+    kind = structured.WhichOneof("constraint")
+    if kind is None:
+        raise InvalidRequestError("structured", "set one constraint (or leave it unset)")
+    if kind == "choice":
+        return StructuredOutputsParams(choice=tuple(structured.choice.options))
+    return StructuredOutputsParams(**{kind: getattr(structured, kind)})
+
+
+def _structured_to_proto(params: StructuredOutputsParams) -> common_pb2.StructuredOutputs:
+    if params.choice is not None:
+        return common_pb2.StructuredOutputs(choice=common_pb2.Choices(options=params.choice))
+    if params.json_object:
+        return common_pb2.StructuredOutputs(json_object=True)
+    kind = params.kind.value
+    return common_pb2.StructuredOutputs(**{kind: getattr(params, kind)})

@@ -45,6 +45,7 @@ class StreamServicer(decode_pb2_grpc.DecodeServicer):
     ) -> AsyncIterator[decode_pb2.TokenDelta]:
         async with grpc_errors(context):
             starting = local_start(self.runtime, request)
+            await self.runtime.compile_grammar(starting.structured)
             async for message in self.relay(request.request.request_id, starting):
                 yield message
 

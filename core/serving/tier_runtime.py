@@ -25,6 +25,7 @@ from pdserve.core.serving.cli_config import (
 )
 from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.server import ServiceHost
+from pdserve.core.structured.params import StructuredOutputsParams
 
 T = TypeVar("T")
 EngineT = TypeVar("EngineT", bound=LLMEngine)
@@ -79,6 +80,13 @@ class TierRuntime:
             if undo is not None:
                 self.abort_soon(undo)
             raise
+
+    async def compile_grammar(self, structured: StructuredOutputsParams | None) -> None:
+        """Compiles a request's structured constraint on the compiler's own threads, so that the
+        engine thread finds it compiled (a no-op without one, or once compiled). Raises
+        InvalidRequestError naming the field if it does not compile in time."""
+        if structured is not None:
+            await self.engine(LLMEngine).grammars.prepare(structured)
 
     def abort_soon(self, abort: Callable[[], None]) -> None:
         """Fire-and-forget cleanup (from finally blocks of cancelled calls)."""

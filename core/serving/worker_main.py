@@ -18,6 +18,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.serving.cli_config import engine_config_from_args
 from pdserve.core.serving.engine_loop import EngineLoop
 from pdserve.core.serving.step_metrics import register_step_gauges
+from pdserve.core.serving.structured_metrics import register_structured_metrics
 from pdserve.core.serving.tier_runtime import TierRuntime, run_tier
 from pdserve.costmodel.profile import load_profile
 from pdserve.costmodel.step_budget import ItlMode, StepCosts, WorkerStepBudget
@@ -41,6 +42,7 @@ def run_worker(args: argparse.Namespace, tier: WorkerTier) -> int:
     def build_loop() -> EngineLoop:
         loop = tier.build_loop(args)
         register_step_gauges(tier.command, loop.steps, step_costs)
+        register_structured_metrics(tier.command, loop.engine.grammars)
         if step_costs is not None and step_costs.itl_slo_s is not None:
             # Corrected by its measured steps, its streams' lengths forecast as they finish.
             lengths = loop.engine.output_lengths

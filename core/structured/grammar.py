@@ -107,10 +107,11 @@ class ConstrainedRows:
     drafts: tuple[int, ...] = ()
 
 
-def mask_logits(logits: torch.Tensor, constrained: Sequence[ConstrainedRows]) -> None:
-    """Sets to -inf, in place, every logit the row's grammar refuses (other rows untouched)."""
+def mask_logits(logits: torch.Tensor, constrained: Sequence[ConstrainedRows]) -> int:
+    """Sets to -inf, in place, every logit the row's grammar refuses (other rows untouched);
+    the number of rows masked."""
     if not constrained:
-        return
+        return 0
     bitmask = xgrammar.allocate_token_bitmask(logits.shape[0], logits.shape[-1])
     rows: list[int] = []
     for entry in constrained:
@@ -123,6 +124,7 @@ def mask_logits(logits: torch.Tensor, constrained: Sequence[ConstrainedRows]) ->
                 assert advanced, "drafts are cut where the grammar refuses one"
         grammar.rollback(len(entry.drafts))
     xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1], indices=rows)
+    return len(rows)
 
 
 class Grammars:
@@ -147,8 +149,12 @@ class Grammars:
         self._threads = concurrent.futures.ThreadPoolExecutor(
             COMPILE_THREADS, thread_name_prefix="grammar-compile"
         )
+        # What the worker's metrics read (core/serving/structured_metrics.py).
+        self.num_requests = 0  # constrained requests (each sample counts)
         self.num_compiles = 0
         self.compile_seconds = 0.0
+        self.num_masked_rows = 0
+        self.mask_seconds = 0.0  # filling and applying masks, on the engine thread
 
     async def prepare(self, structured: StructuredOutputsParams | None) -> None:
         """Compiles the constraint off the caller's thread, waiting at most
@@ -169,7 +175,17 @@ class Grammars:
 
     def state_for(self, structured: StructuredOutputsParams) -> GrammarState:
         """A fresh matcher; compiles here, on the caller's thread, if nothing has yet."""
-        return GrammarState(self.compiled(structured))
+        state = GrammarState(self.compiled(structured))
+        self.num_requests += 1
+        return state
+
+    def mask(self, logits: torch.Tensor, constrained: Sequence[ConstrainedRows]) -> None:
+        """`mask_logits`, timed."""
+        if not constrained:
+            return
+        started = time.perf_counter()
+        self.num_masked_rows += mask_logits(logits, constrained)
+        self.mask_seconds += time.perf_counter() - started
 
     def compiled(self, structured: StructuredOutputsParams) -> xgrammar.CompiledGrammar:
         """The compiled constraint (compiled here if nothing has yet); raises

@@ -10,6 +10,7 @@ RESOURCE_EXHAUSTED is refused here with 429, UNAVAILABLE with 503, INVALID_ARGUM
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,8 +40,17 @@ _ERROR_TYPE = {
     503: "service_unavailable",
 }
 # The router's validator names proto fields; the client sent OpenAI's names.
-_PARAMS = {"prompt_token_ids": "prompt", "sampling.stop": "stop"}
+_PARAMS = {
+    "prompt_token_ids": "prompt",
+    "sampling.stop": "stop",
+    "sampling.structured": "structured_outputs",
+    **{
+        f"sampling.structured.{field}": f"structured_outputs.{field}"
+        for field in ("json", "json_object", "regex", "grammar", "choice")
+    },
+}
 _NO_RENAMES: Mapping[str, str] = {}
+_FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_.]*): ")
 
 
 class UnknownModelError(InvalidRequestError):
@@ -86,6 +96,9 @@ def api_error(error: BaseException, params: Mapping[str, str] = _NO_RENAMES) -> 
         return ApiError(grpc.StatusCode.NOT_FOUND, str(error), "model")
     code, message = to_status(error)
     param = param_of(error.field, params) if isinstance(error, InvalidRequestError) else None
+    if param is None and code is grpc.StatusCode.INVALID_ARGUMENT:
+        named = _FIELD_FIRST.match(message)  # a worker's refusal: "sampling.x: problem"
+        param = param_of(named.group(1), params) if named else None
     if param is not None and not message.startswith(param):
         message = f"{param}: {message.split(': ', 1)[-1]}"
     return ApiError(code, message, param, retry_after(error))

@@ -9,7 +9,8 @@ Unknown fields are ignored, as OpenAI-compatible servers do for clients that sen
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +35,56 @@ class Slo(BaseModel):
     tpot_seconds: float = Field(default=0.0, ge=0.0)
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`. `strict` is accepted either way: the output
+    always follows the schema (its grammar masks every token)."""
+
+    name: str = "response"
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's extension `structured_outputs` (the gRPC `SamplingParams.structured`): exactly one
+    of its fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: str | dict[str, Any] | bool | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = None
+
+    def to_proto(self) -> common_pb2.StructuredOutputs:
+        texts = (self.json_, self.regex, self.grammar, self.choice)
+        # Checked here: a proto oneof would silently keep only the last one set.
+        if sum(value is not None for value in texts) + bool(self.json_object) != 1:
+            raise InvalidRequestError(
+                "structured_outputs", "set exactly one of json, json_object, regex, grammar, choice"
+            )
+        message = common_pb2.StructuredOutputs()
+        if self.json_ is not None:
+            message.json = self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)
+        elif self.json_object:
+            message.json_object = True
+        elif self.regex is not None:
+            message.regex = self.regex
+        elif self.grammar is not None:
+            message.grammar = self.grammar
+        elif self.choice is not None:
+            message.choice.options.extend(self.choice)
+        return message
+
+
 class _Sampling(BaseModel):
     """Parameters both endpoints share."""
 
@@ -51,6 +102,8 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension, used by benchmarks such as guidellm
     slo: Slo | None = None  # pdserve's extension: refused at once if predicted to miss it
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's extension
 
     def sampling(self) -> common_pb2.SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -65,7 +118,21 @@ class _Sampling(BaseModel):
         )
         if self.seed is not None:
             message.seed = self.seed
+        structured = self._structured()
+        if structured is not None:
+            message.structured.CopyFrom(structured)
         return message
+
+    def _structured(self) -> common_pb2.StructuredOutputs | None:
+        """The constraint from `response_format` or `structured_outputs` (not both)."""
+        from_format = _format_constraint(self.response_format)
+        if from_format is not None and self.structured_outputs is not None:
+            raise InvalidRequestError(
+                "structured_outputs", "give response_format or structured_outputs, not both"
+            )
+        if self.structured_outputs is not None:
+            return self.structured_outputs.to_proto()
+        return from_format
 
     def _max_tokens(self) -> int:
         return self.max_tokens or DEFAULT_MAX_TOKENS
@@ -80,7 +147,12 @@ class _Sampling(BaseModel):
 
     def params(self) -> dict[str, str]:
         """Validator field -> this body's parameter, where the names differ (for errors)."""
-        return {}
+        if self.structured_outputs is not None:
+            return {}  # `structured.<field>` -> `structured_outputs.<field>`: _PARAMS
+        return {
+            "sampling.structured.json": "response_format.json_schema.schema",
+            "sampling.structured.json_object": "response_format",
+        }
 
     @property
     def include_usage(self) -> bool:
@@ -150,3 +222,18 @@ class ChatCompletionRequest(_Sampling):
         request = self.request()
         request.prompt = prompt
         return request
+
+
+def _format_constraint(
+    response_format: ResponseFormat | None,
+) -> common_pb2.StructuredOutputs | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return common_pb2.StructuredOutputs(json_object=True)
+    described = response_format.json_schema
+    if described is None or described.schema_ is None:
+        raise InvalidRequestError(
+            "response_format.json_schema.schema", "a json_schema response format needs a schema"
+        )
+    return common_pb2.StructuredOutputs(json=json.dumps(described.schema_))

@@ -2,6 +2,8 @@
 stream goes on as if nothing happened, on gRPC and on HTTP: the same tokens (greedy and seeded
 sampling), the same text (including what the worker that left held back for a stop string's
 look-ahead), the same finish reason and usage as the undisturbed run; no block stays held.
+Two streams are under a JSON schema: their grammars resume where the output left off, and their
+tokens are transformers' under the same mask.
 
 - SIGKILL: the worker is lost; the router re-prefills each stream elsewhere (prompt + streamed).
 - SIGTERM: the worker drains; the router moves each stream live, its KV pushed over UCX to the
@@ -18,10 +20,13 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams
+from pdserve.core.sampling_params import SamplingParams as CoreSamplingParams
+from pdserve.core.serving.sampling_proto import sampling_to_proto
 from pdserve.local.cluster import Cluster
 
 from ..integration.conftest import start_cluster
 from ..integration.helpers import labelled_metric, load
+from ..structured_cases import CASES
 from .streams import Stream, stream_grpc, stream_http
 
 pytestmark = pytest.mark.integration
@@ -31,12 +36,21 @@ TOKENS_BEFORE_KILL = 6
 # Never in the output: each worker holds back its length - 1 characters of text, which a lost
 # worker never released.
 NEVER = "@@ this never appears in the output @@"
-GRPC_STREAMS = 4  # the rest go through the HTTP door
+GRPC_STREAMS = 6  # the rest go through the HTTP door
+# The first streams are CASES[0] and CASES[1] under their schemas (one lands on each decode
+# worker as the router spreads them); they end by themselves after the kill.
+STRUCTURED = 2
 
 
 def _sampling(index: int) -> SamplingParams:
-    """Greedy for even streams, seeded sampling for odd ones; all hold text back, and all run
-    to MAX_TOKENS (no stream ends before the kill)."""
+    """The structured streams, then greedy for even streams, seeded sampling for odd ones; all
+    hold text back, and the unconstrained ones run to MAX_TOKENS (no stream ends before the
+    kill)."""
+    if index < STRUCTURED:
+        params = CoreSamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0.0, stop=(NEVER,), structured=CASES[index][1]
+        )
+        return sampling_to_proto(params)
     if index % 2 == 0:
         return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, stop=[NEVER])
     return SamplingParams(
@@ -58,18 +72,23 @@ def test_streams_survive_a_decode_worker_leaving(
     model_dir: Path,
     tmp_path: Path,
     prompts: list[list[int]],
+    structured_prompts: list[list[int]],
+    structured_reference: list[list[int]],
     chaos_rounds: int,
     how: signal.Signals,
     outcome: str,
 ) -> None:
-    work = prompts[1:7]
+    work = structured_prompts[:STRUCTURED] + prompts[1:7]
     for round_ in range(chaos_rounds):
         cluster = start_cluster(model_dir, tmp_path / f"logs-{round_}", 1, 2)
         try:
             undisturbed = asyncio.run(_streams(cluster, work, None))
             moved = asyncio.run(_streams(cluster, work, how))
             assert moved == undisturbed
-            assert all(len(s.token_ids) == MAX_TOKENS for s in undisturbed[:GRPC_STREAMS])
+            unconstrained = undisturbed[STRUCTURED:GRPC_STREAMS]
+            assert all(len(s.token_ids) == MAX_TOKENS for s in unconstrained)
+            structured = [s.token_ids for s in moved[:STRUCTURED]]
+            assert structured == structured_reference[:STRUCTURED]
             worst_gap = max(_worst_gap(s) for s in moved)
             print(f"chaos {outcome} round {round_}: worst gap across the move {worst_gap:.2f} s")
             counts = {

@@ -6,56 +6,19 @@ naming the field, before anything is scheduled.
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
-from pdserve.core.structured.grammar import Grammars
 from pdserve.core.structured.params import StructuredOutputsParams
-from tests.conftest import transformers_greedy
 from tests.core.test_greedy_matches_hf import assert_engine_empty, assert_scenario_ran
+from tests.structured_cases import CASES, MAX_TOKENS, SHORT, assert_follows
 
 pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
-
-MAX_TOKENS = 64
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "languages": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
-    },
-    "required": ["name", "age", "languages"],
-    "additionalProperties": False,
-}
-PHONE = r"\(\d{3}\) \d{3}-\d{4}"
-COLORS = ("red", "green", "blue")
-YES_NO = 'root ::= ("yes" | "no") "." '
-
-# (question, constraint): every kind of constraint, the first asked to repeat a record, so that
-# n-gram drafts find matches in its prompt.
-CASES: list[tuple[str, StructuredOutputsParams]] = [
-    (
-        'A record: {"name": "Ada Lovelace", "age": 36, "languages": ["English", "French"]}. '
-        "Repeat the record exactly, as JSON.",
-        StructuredOutputsParams(json=PERSON),
-    ),
-    ("Describe a famous scientist as JSON.", StructuredOutputsParams(json=PERSON)),
-    ("What is the phone number of the museum?", StructuredOutputsParams(regex=PHONE)),
-    ("What color is the sky?", StructuredOutputsParams(choice=COLORS)),
-    ("Is water wet?", StructuredOutputsParams(grammar=YES_NO)),
-    (
-        "Reply with a JSON object with one key, sound, for the sound a cat makes.",
-        StructuredOutputsParams(json_object=True),
-    ),
-]
 
 SCENARIOS = {
     "roomy": EngineConfig(num_kv_blocks=256),
@@ -65,66 +28,21 @@ SCENARIOS = {
 }
 
 
-def chat_prompt(tokenizer: Any, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
-    return list(tokenizer.encode(text))
-
-
-def assert_follows(text: str, structured: StructuredOutputsParams) -> None:
-    """The output is what its constraint describes."""
-    if structured.json is not None:
-        jsonschema.validate(json.loads(text), json.loads(str(structured.json)))
-    elif structured.json_object:
-        assert isinstance(json.loads(text), dict)
-    elif structured.regex is not None:
-        assert re.fullmatch(structured.regex, text), text
-    elif structured.choice is not None:
-        assert text in structured.choice
-    else:
-        assert text in ("yes.", "no."), text
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer: Any, model_dir: Path) -> Grammars:
-    """The engine's own compiler, for the reference's logits processor."""
-    from pdserve.core.model.config import load_model_config
-
-    config = load_model_config(model_dir)
-    return Grammars(tokenizer, config.vocab_size, config.eos_token_ids)
-
-
-@pytest.fixture(scope="module")
-def case_prompts(tokenizer: Any) -> list[list[int]]:
-    return [chat_prompt(tokenizer, question) for question, _ in CASES]
-
-
-@pytest.fixture(scope="module")
-def reference(
-    model_dir: Path, case_prompts: list[list[int]], grammars: Grammars
-) -> list[list[int]]:
-    """transformers' greedy tokens under xgrammar's own logits processor, one prompt at a time."""
-    from xgrammar.contrib.hf import LogitsProcessor
-
-    def processors(index: int) -> list[Any]:
-        return [LogitsProcessor(grammars.compiled(CASES[index][1]))]
-
-    return transformers_greedy(model_dir, case_prompts, MAX_TOKENS, processors)
-
-
 def greedy(structured: StructuredOutputsParams, **overrides: Any) -> SamplingParams:
     return SamplingParams(max_tokens=MAX_TOKENS, temperature=0, structured=structured, **overrides)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_greedy_under_a_constraint_equals_transformers(
-    scenario: str, model_dir: Path, case_prompts: list[list[int]], reference: list[list[int]]
+    scenario: str,
+    model_dir: Path,
+    structured_prompts: list[list[int]],
+    structured_reference: list[list[int]],
 ) -> None:
     llm = LLM(model_dir, **vars(SCENARIOS[scenario]))
-    outputs = llm.generate(case_prompts, [greedy(structured) for _, structured in CASES])
+    outputs = llm.generate(structured_prompts, [greedy(structured) for _, structured in CASES])
 
-    assert [list(out.outputs[0].token_ids) for out in outputs] == reference
+    assert [list(out.outputs[0].token_ids) for out in outputs] == structured_reference
     for out, (_, structured) in zip(outputs, CASES, strict=True):
         assert out.outputs[0].finish_reason == "stop"
         assert_follows(out.outputs[0].text, structured)
@@ -133,29 +51,29 @@ def test_greedy_under_a_constraint_equals_transformers(
 
 
 def test_drafts_are_cut_by_the_grammar_and_change_nothing(
-    model_dir: Path, case_prompts: list[list[int]], reference: list[list[int]]
+    model_dir: Path, structured_prompts: list[list[int]], structured_reference: list[list[int]]
 ) -> None:
     llm = LLM(model_dir, num_kv_blocks=256, speculative="ngram", num_speculative_tokens=4)
-    outputs = llm.generate(case_prompts, [greedy(structured) for _, structured in CASES])
+    outputs = llm.generate(structured_prompts, [greedy(structured) for _, structured in CASES])
 
-    assert [list(out.outputs[0].token_ids) for out in outputs] == reference
+    assert [list(out.outputs[0].token_ids) for out in outputs] == structured_reference
     stats = llm.engine.stats()
     assert 0 < stats.num_accepted_tokens <= stats.num_drafted_tokens
     assert_engine_empty(llm)
 
 
 def test_every_sample_follows_the_constraint(
-    model_dir: Path, case_prompts: list[list[int]]
+    model_dir: Path, structured_prompts: list[list[int]]
 ) -> None:
     """n = 3 forks of one prompt: one matcher each."""
     llm = LLM(model_dir, num_kv_blocks=256)
     params = [
         SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=7, n=3, structured=structured)
-        for _, structured in CASES[2:]  # the short ones: a sampled JSON may run past max_tokens
+        for _, structured in CASES[SHORT]
     ]
-    outputs = llm.generate(case_prompts[2:], params)
+    outputs = llm.generate(structured_prompts[SHORT], params)
 
-    for out, (_, structured) in zip(outputs, CASES[2:], strict=True):
+    for out, (_, structured) in zip(outputs, CASES[SHORT], strict=True):
         assert len({sample.token_ids for sample in out.outputs}) > 1 or structured.choice
         for sample in out.outputs:
             assert_follows(sample.text, structured)
@@ -163,30 +81,33 @@ def test_every_sample_follows_the_constraint(
 
 
 def test_a_resumed_request_continues_its_grammar(
-    model_dir: Path, case_prompts: list[list[int]], reference: list[list[int]]
+    model_dir: Path, structured_prompts: list[list[int]], structured_reference: list[list[int]]
 ) -> None:
     """A migration's resumption: the matcher catches up on the output streamed elsewhere."""
     engine = LLM(model_dir, num_kv_blocks=256).engine
     cut = 5
     engine.add_request(
-        case_prompts[0], greedy(CASES[0][1]), "resumed", resumed_output=reference[0][:cut]
+        structured_prompts[0],
+        greedy(CASES[0][1]),
+        "resumed",
+        resumed_output=structured_reference[0][:cut],
     )
     tokens: list[int] = []
     while engine.has_unfinished():
         for delta in engine.step():
             tokens.extend(delta.new_token_ids)
 
-    assert reference[0][:cut] + tokens == reference[0]
+    assert structured_reference[0][:cut] + tokens == structured_reference[0]
 
 
 def test_resumed_output_the_grammar_refuses_is_invalid(
-    model_dir: Path, case_prompts: list[list[int]], tokenizer: Any
+    model_dir: Path, structured_prompts: list[list[int]], tokenizer: Any
 ) -> None:
     engine = LLM(model_dir, num_kv_blocks=256).engine
     not_json = list(tokenizer.encode("hello", add_special_tokens=False))
 
     with pytest.raises(InvalidRequestError) as refused:
-        engine.add_request(case_prompts[0], greedy(CASES[0][1]), resumed_output=not_json)
+        engine.add_request(structured_prompts[0], greedy(CASES[0][1]), resumed_output=not_json)
 
     assert refused.value.field == "resumed_output_token_ids"
     assert not engine.requests and not engine.has_unfinished()
@@ -201,12 +122,15 @@ def test_resumed_output_the_grammar_refuses_is_invalid(
     ],
 )
 def test_a_constraint_that_does_not_compile_is_refused_before_scheduling(
-    model_dir: Path, case_prompts: list[list[int]], structured: StructuredOutputsParams, field: str
+    model_dir: Path,
+    structured_prompts: list[list[int]],
+    structured: StructuredOutputsParams,
+    field: str,
 ) -> None:
     engine = LLM(model_dir, num_kv_blocks=256).engine
 
     with pytest.raises(InvalidRequestError) as refused:
-        engine.add_request(case_prompts[0], greedy(structured))
+        engine.add_request(structured_prompts[0], greedy(structured))
 
     assert refused.value.field == field
     assert "does not compile" in str(refused.value)

@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
+from typing import Any
 
 import grpc
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
+from pdserve.core import sampling_params
+from pdserve.core.serving.sampling_proto import sampling_to_proto
+from pdserve.core.structured.params import StructuredOutputsParams
 from pdserve.local.cluster import Cluster, Process
-from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from pdserve.v1 import common_pb2, decode_pb2_grpc, generation_pb2, prefill_pb2_grpc
+from tests.structured_cases import MAX_TOKENS as STRUCTURED_MAX_TOKENS
 
 
 def load(process: Process) -> common_pb2.LoadResponse:
@@ -113,3 +118,22 @@ async def cancel_stream_after(cluster: Cluster, prompt: list[int], tokens: int =
             if received >= tokens:
                 break  # leaving the loop cancels the call
     return received
+
+
+def structured_request(
+    prompt: list[int], structured: StructuredOutputsParams, **sampling: Any
+) -> generation_pb2.GenerateRequest:
+    """A greedy request under `structured` (`sampling` overrides the defaults)."""
+    params = sampling_params.SamplingParams(
+        **{"max_tokens": STRUCTURED_MAX_TOKENS, "temperature": 0.0, **sampling},
+        structured=structured,
+    )
+    return build_request(prompt, sampling=sampling_to_proto(params))
+
+
+async def generate_all(
+    cluster: Cluster, requests: list[generation_pb2.GenerateRequest]
+) -> list[generation_pb2.GenerateResponse]:
+    """Every request through the router at once; the replies in order."""
+    async with GenerationClient.connect(cluster.router.address) as client:
+        return list(await asyncio.gather(*(client.generate(r) for r in requests)))

@@ -1,6 +1,7 @@
 """Conditional disaggregation and the colocated deployment through real processes: short prompts
 are prefilled on their decode worker, long ones on the prefill tier, with a prefill tier of zero
-workers every prompt is local; greedy output equals transformers' in each arm."""
+workers every prompt is local; greedy output equals transformers' in each arm (under structured
+constraints too in the colocated one: their grammars compile and run on the decode worker)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from ..structured_cases import CASES
 from .conftest import start_cluster
-from .helpers import greedy_outputs, labelled_metric, metric, wait_all_blocks_free
+from .helpers import (
+    generate_all,
+    greedy_outputs,
+    labelled_metric,
+    metric,
+    structured_request,
+    wait_all_blocks_free,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +56,22 @@ def test_colocated_deployment_without_a_prefill_tier(
     prompts: list[list[int]],
     hf_greedy: list[list[int]],
     max_new_tokens: int,
+    structured_prompts: list[list[int]],
+    structured_reference: list[list[int]],
 ) -> None:
     cluster = start_cluster(model_dir, tmp_path / "logs", num_prefill=0, num_decode=2)
     try:
         assert asyncio.run(greedy_outputs(cluster, prompts, max_new_tokens)) == hf_greedy
+        constrained = [
+            structured_request(prompt, structured)
+            for prompt, (_, structured) in zip(structured_prompts, CASES, strict=True)
+        ]
+        replies = asyncio.run(generate_all(cluster, constrained))
+        assert [list(reply.token_ids) for reply in replies] == structured_reference
         local = labelled_metric(
             cluster.router, PLACEMENTS, place="local", reason="no_prefill_worker"
         )
-        assert local == len(prompts)
+        assert local == len(prompts) + len(CASES)
         wait_all_blocks_free(cluster)
     finally:
         cluster.stop()
