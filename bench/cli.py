@@ -39,6 +39,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pdserve.bench.offline.spec_workload",
         "write the shipped repetition-rich workload of `bench spec` (chat prompts)",
     ),
+    "structured": (
+        "pdserve.bench.offline.structured",
+        "the same requests free and under JSON schemas: tokens/s, batch-1 ms/token, validity",
+    ),
+    "make-structured-workload": (
+        "pdserve.bench.offline.structured_workload",
+        "write the shipped workload of `bench structured` (chat prompts, one schema each)",
+    ),
     "peers": ("pdserve.bench.peers.cli", "pdserve side by side with llama.cpp"),
     "router": ("pdserve.bench.router.cli", "the router's overhead and relay over fake tiers"),
     "router-footprint": (

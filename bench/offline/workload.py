@@ -68,11 +68,24 @@ def _parse_request(item: object, where: str) -> WorkloadRequest:
     return WorkloadRequest(prompt=tuple(prompt), max_tokens=max_tokens)
 
 
-def save_workload(requests: list[WorkloadRequest], path: Path) -> None:
-    """One request per line, so the files diff and review well."""
+def save_workload(
+    requests: list[WorkloadRequest],
+    path: Path,
+    extra: dict[str, list[str]] | None = None,
+) -> None:
+    """One request per line, so the files diff and review well. `extra`: more fields, one value
+    per request (a benchmark's own, e.g. `bench structured`'s schema names)."""
+    columns = extra or {}
     lines = [
-        json.dumps({"prompt": list(r.prompt), "max_tokens": r.max_tokens}, separators=(",", ":"))
-        for r in requests
+        json.dumps(
+            {
+                "prompt": list(r.prompt),
+                "max_tokens": r.max_tokens,
+                **{name: values[index] for name, values in columns.items()},
+            },
+            separators=(",", ":"),
+        )
+        for index, r in enumerate(requests)
     ]
     path.write_text("[\n" + ",\n".join(lines) + "\n]\n")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +41,12 @@ class StructuredOutputsParams:
     json_object: bool = False
     regex: str | None = None
     grammar: str | None = None
-    choice: tuple[str, ...] | None = None
+    choice: Sequence[str] | None = None  # kept as a tuple
 
     def __post_init__(self) -> None:
         if isinstance(self.json, dict):
             object.__setattr__(self, "json", json.dumps(self.json))
-        if isinstance(self.choice, list):
+        if self.choice is not None and not isinstance(self.choice, str):
             object.__setattr__(self, "choice", tuple(self.choice))
         set_fields = [kind for kind in StructuredKind if _is_set(self, kind)]
         if len(set_fields) != 1:

@@ -1,0 +1,116 @@
+"""The structured-output parts on their own: what StructuredOutputsParams accepts, the proto round
+trip, the compiler's cache and time bound, and the matcher's bookkeeping (advance, roll back,
+catch up)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdserve.core.model.config import load_model_config
+from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
+from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to_proto
+from pdserve.core.structured.grammar import Grammars
+from pdserve.core.structured.params import (
+    MAX_CHOICES,
+    MAX_CONSTRAINT_CHARS,
+    StructuredOutputsParams,
+)
+
+# ~70 ms of compile per repetition on this machine class (tests/integration has the long one).
+SLOW_SCHEMA = {"type": "string", "pattern": "^([a-z]{2,40}-[0-9]{1,30}\\.){25}$"}
+
+
+@pytest.fixture(scope="module")
+def grammars(tokenizer: Any, model_dir: Path) -> Grammars:
+    config = load_model_config(model_dir)
+    return Grammars(tokenizer, config.vocab_size, config.eos_token_ids)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({}, "structured"),
+        ({"json": "{}", "regex": "a"}, "structured"),
+        ({"json": "{not json"}, "structured.json"),
+        ({"json": "[1, 2]"}, "structured.json"),
+        ({"regex": "  "}, "structured.regex"),
+        ({"grammar": ""}, "structured.grammar"),
+        ({"choice": ()}, "structured.choice"),
+        ({"choice": ("a", "")}, "structured.choice"),
+        ({"choice": tuple("x" * (i + 1) for i in range(MAX_CHOICES + 1))}, "structured.choice"),
+        ({"regex": "a" * (MAX_CONSTRAINT_CHARS + 1)}, "structured.regex"),
+    ],
+)
+def test_bad_constraints_name_their_field(fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidRequestError) as refused:
+        StructuredOutputsParams(**fields)
+    assert refused.value.field == field
+
+
+def test_a_schema_given_as_a_dict_becomes_its_text_in_order() -> None:
+    schema = {"type": "object", "properties": {"b": {}, "a": {}}}
+    assert (
+        StructuredOutputsParams(json=schema).json
+        == '{"type": "object", "properties": {"b": {}, "a": {}}}'
+    )
+    assert StructuredOutputsParams(choice=["x", "y"]).choice == ("x", "y")
+
+
+@pytest.mark.parametrize(
+    "structured",
+    [
+        StructuredOutputsParams(json='{"type": "integer"}'),
+        StructuredOutputsParams(json_object=True),
+        StructuredOutputsParams(regex="[0-9]+"),
+        StructuredOutputsParams(grammar='root ::= "a"'),
+        StructuredOutputsParams(choice=("yes", "no")),
+    ],
+)
+def test_every_kind_survives_the_wire(structured: StructuredOutputsParams) -> None:
+    params = SamplingParams(structured=structured)
+    assert sampling_from_proto(sampling_to_proto(params), 0) == params
+
+
+def test_a_compile_past_its_bound_is_refused_and_cached_once_done(
+    tokenizer: Any, model_dir: Path
+) -> None:
+    config = load_model_config(model_dir)
+    grammars = Grammars(tokenizer, config.vocab_size, config.eos_token_ids, compile_timeout_s=0.2)
+    slow = StructuredOutputsParams(json=SLOW_SCHEMA)
+
+    with pytest.raises(InvalidRequestError) as refused:
+        asyncio.run(grammars.prepare(slow))
+    assert refused.value.field == "sampling.structured.json"
+    assert "did not compile within 0.2 s" in str(refused.value)
+
+    grammars.state_for(slow)  # waits for the compile that went on
+    started = time.monotonic()
+    asyncio.run(grammars.prepare(slow))
+    assert time.monotonic() - started < 0.2 and grammars.num_compiles == 1
+
+
+def test_the_same_constraint_compiles_once(grammars: Grammars) -> None:
+    before = grammars.num_compiles
+    for _ in range(3):
+        asyncio.run(grammars.prepare(StructuredOutputsParams(regex="[a-c]{2}")))
+    assert grammars.num_compiles == before + 1
+
+
+def test_the_matcher_advances_rolls_back_and_catches_up(grammars: Grammars, tokenizer: Any) -> None:
+    state = grammars.state_for(StructuredOutputsParams(choice=("apple pie", "banana")))
+    apple = list(tokenizer.encode("apple pie", add_special_tokens=False))
+    banana = list(tokenizer.encode("banana", add_special_tokens=False))
+
+    assert state.allowed_prefix(apple + banana) == len(apple)
+    assert state.num_accepted == 0  # allowed_prefix leaves it where it was
+    assert not state.advance_all([apple[0], banana[0]]) and state.num_accepted == 0
+    assert state.catch_up(apple) and state.num_accepted == len(apple)
+    assert state.catch_up(apple)  # nothing new to accept
+    state.rollback(len(apple))
+    assert state.advance_all(banana) and not state.terminated
+    assert state.advance(tokenizer.eos_token_id) and state.terminated
