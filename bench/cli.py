@@ -47,6 +47,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pdserve.bench.offline.structured_workload",
         "write the shipped workload of `bench structured` (chat prompts, one schema each)",
     ),
+    "grammar-libraries": (
+        "pdserve.bench.micro.grammar_libraries",
+        "xgrammar vs llguidance vs outlines-core (where installed): compile and mask times",
+    ),
     "peers": ("pdserve.bench.peers.cli", "pdserve side by side with llama.cpp"),
     "router": ("pdserve.bench.router.cli", "the router's overhead and relay over fake tiers"),
     "router-footprint": (

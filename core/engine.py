@@ -185,7 +185,9 @@ class LLMEngine:
             )
         token_ids = self._token_ids(list(resumed), field)
         if params.structured is not None:  # a matcher to check with, not the request's own
-            grammar = GrammarState(self.grammars.compiled(params.structured))
+            grammar = GrammarState(
+                self.grammars.compiled(params.structured), self.grammars.stop_token_ids
+            )
             if not grammar.advance_all(token_ids):
                 raise InvalidRequestError(field, "the grammar of `structured` refuses these tokens")
         return token_ids

@@ -163,18 +163,16 @@ def structured_prompts(tokenizer: Any) -> list[list[int]]:
 def structured_reference(
     model_dir: Path, tokenizer: Any, structured_prompts: list[list[int]]
 ) -> list[list[int]]:
-    """transformers' greedy tokens for each case under xgrammar's own logits processor, compiled
-    by the engine's compiler."""
-    from xgrammar.contrib.hf import LogitsProcessor
-
+    """transformers' greedy tokens for each case under llguidance's own mask calls, on the
+    grammar the engine's compiler builds."""
     from pdserve.core.model.config import load_model_config
     from pdserve.core.structured.grammar import Grammars
-    from tests.structured_cases import CASES, MAX_TOKENS
+    from tests.structured_cases import CASES, MAX_TOKENS, GuidanceLogitsProcessor
 
     config = load_model_config(model_dir)
     grammars = Grammars(tokenizer, config.vocab_size, config.eos_token_ids)
 
     def processors(index: int) -> list[Any]:
-        return [LogitsProcessor(grammars.compiled(CASES[index][1]))]
+        return [GuidanceLogitsProcessor(grammars.compiled(CASES[index][1]))]
 
     return transformers_greedy(model_dir, structured_prompts, MAX_TOKENS, processors)

@@ -10,6 +10,10 @@ import re
 from typing import Any
 
 import jsonschema
+import llguidance
+import llguidance.torch
+import torch
+import transformers
 
 from pdserve.core.structured.params import StructuredOutputsParams
 
@@ -71,3 +75,21 @@ def assert_follows(text: str, structured: StructuredOutputsParams) -> None:
         assert text in structured.choice
     else:
         assert text in ("yes.", "no."), text
+
+
+class GuidanceLogitsProcessor(transformers.LogitsProcessor):
+    """The reference's mask in transformers' `generate`: llguidance's own calls on a copy of the
+    engine's compiled matcher (one processor per generate call, batch of one)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher.deep_copy()
+        self.started = False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.started:  # the token sampled from the last call's scores
+            assert self.matcher.consume_token(int(input_ids[0, -1])), self.matcher.get_error()
+        self.started = True
+        bitmask = llguidance.torch.allocate_token_bitmask(1, scores.shape[-1])
+        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, 0)
+        llguidance.torch.apply_token_bitmask_inplace(scores, bitmask)
+        return scores

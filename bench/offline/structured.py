@@ -1,7 +1,8 @@
 """`pdserve bench structured`: the same requests free and under a JSON schema each, on the same
 engine, in the same run.
 
-    pdserve bench structured --slots 1,16 --repeats 3 --json
+    pdserve bench structured --slots 16 --repeats 3 --batch1 --json
+    pdserve bench structured --router 127.0.0.1:50051 --repeats 3 --batch1 --json  # `pdserve up`
 
 The workload (default bench/workloads/structured.json, `pdserve bench make-structured-workload`)
 names a schema of bench/workloads/schemas/ per request. One engine per `--slots N`
@@ -18,6 +19,9 @@ time, prefill included; `--batch1` also runs each request alone and reports deco
 Every constrained output is checked: `valid` parsed and validated against its schema,
 `truncated` ran into max_tokens (cannot parse), `invalid` ended by itself yet fails its schema
 (must be 0). `mask_ms_per_step`: the engine thread's time filling and applying masks, per step.
+With `--router` the passes go through a running cluster instead (bench/offline/
+structured_router.py; `slots` is then 0: the cluster's own, and steps and mask times are on the
+workers' /metrics).
 With --json, one object per mode, setting and repeat on stdout, then one summary object per
 setting: the ratio json_schema / off of tokens/s for each repeat and their min, median and max.
 """
@@ -25,11 +29,14 @@ setting: the ratio json_schema / off of tokens/s for each repeat and their min, 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,6 +45,7 @@ import jsonschema
 import torch
 
 from pdserve.bench.arg_types import positive_int, positive_ints
+from pdserve.bench.offline import structured_router
 from pdserve.bench.offline.engines import BLOCK_SIZE, kv_blocks_needed
 from pdserve.bench.offline.structured_workload import SCHEMA_DIR, WORKLOAD_DIR
 from pdserve.bench.offline.workload import WorkloadError, WorkloadRequest, load_workload
@@ -61,8 +69,8 @@ class Output:
 class Timed:
     outputs: list[Output]
     seconds: float
-    steps: int
-    mask_seconds: float
+    steps: int | None  # None through a router: its workers step
+    mask_seconds: float | None
     batch1_seconds: float | None = None  # decode time summed over requests run one at a time
     batch1_tokens: int = 0  # the tokens that time covers (each request's after its first)
 
@@ -76,8 +84,8 @@ class Row:
     ms_per_token_batch1: float | None
     output_tokens: int
     seconds: float
-    steps: int
-    mask_ms_per_step: float
+    steps: int | None
+    mask_ms_per_step: float | None
     valid: int | None  # None when free: nothing to check
     truncated: int | None
     invalid: int | None
@@ -103,6 +111,10 @@ class StructuredRequest:
         return SamplingParams(max_tokens=length, temperature=0, ignore_eos=True)
 
 
+# One pass of the whole workload: (each request's params, one at a time?) -> its timing.
+Pass = Callable[[list[SamplingParams], bool], Timed]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
@@ -120,42 +132,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch1", action="store_true", help="also run requests one at a time: ms per token"
     )
     parser.add_argument("--requests", type=positive_int, help="only the first N requests")
+    parser.add_argument(
+        "--router", metavar="HOST:PORT", help="through a running cluster (`pdserve up`) instead"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         workload = load_structured(args.workload, args.schemas)[: args.requests]
-        model_dir = resolve_model(args.model)
+        model_dir = None if args.router else resolve_model(args.model)
     except (WorkloadError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    log = sys.stderr if args.json else sys.stdout
     conditions = {
         "workload": args.workload.name,
         "requests": len(workload),
+        "router": args.router,
         "threads": torch.get_num_threads(),
         "loadavg_1m_before": round(os.getloadavg()[0], 2),
     }
+    if model_dir is None:
+        router_pass = functools.partial(_router_pass, args.router, workload)
+        _measure(router_pass, workload, 0, conditions, args)
+        return 0
     for slots in args.slots:
         llm, compile_seconds = load_llm(model_dir, workload, slots)
-        # Greedy: the constrained answers' lengths are the same in every run; this one also
-        # warms both the engine and every grammar up.
-        lengths = [len(output.token_ids) for output in _all_at_once(llm, workload, None).outputs]
         setting = {**conditions, "compile_seconds_once": round(compile_seconds, 3)}
-        ratios = []
-        for repeat in range(args.repeats):
-            rows = {
-                mode: _row(llm, workload, lengths, mode, slots, repeat, False) for mode in MODES
-            }
-            ratios.append(rows["json_schema"].tokens_per_s / rows["off"].tokens_per_s)
-            _report(rows.values(), setting, args.json, log)
-        _summary(slots, ratios, setting, args.json, log)
-        if args.batch1:
-            batch1 = {mode: _row(llm, workload, lengths, mode, 1, 0, True) for mode in MODES}
-            _report(batch1.values(), setting, args.json, log)
+        _measure(functools.partial(_engine_pass, llm, workload), workload, slots, setting, args)
         del llm
     return 0
+
+
+def _measure(
+    run_pass: Pass,
+    workload: list[StructuredRequest],
+    slots: int,
+    setting: dict[str, object],
+    args: argparse.Namespace,
+) -> None:
+    """The repeats of one setting, their summary, and the batch-1 rows."""
+    log = sys.stderr if args.json else sys.stdout
+    # Greedy: the constrained answers' lengths are the same in every pass; this one also warms
+    # the engine and every grammar up.
+    constrained = [item.constrained() for item in workload]
+    lengths = [len(output.token_ids) for output in run_pass(constrained, False).outputs]
+    ratios = []
+    for repeat in range(args.repeats):
+        rows = {
+            mode: _row(run_pass, workload, lengths, mode, slots, repeat, False) for mode in MODES
+        }
+        ratios.append(rows["json_schema"].tokens_per_s / rows["off"].tokens_per_s)
+        _report(rows.values(), setting, args.json, log)
+    _summary(slots, ratios, setting, args.json, log)
+    if args.batch1:
+        batch1 = {mode: _row(run_pass, workload, lengths, mode, 1, 0, True) for mode in MODES}
+        _report(batch1.values(), setting, args.json, log)
 
 
 def load_structured(workload_path: Path, schema_dir: Path) -> list[StructuredRequest]:
@@ -196,7 +228,7 @@ def load_llm(model_dir: Path, workload: list[StructuredRequest], slots: int) -> 
 
 
 def _row(
-    llm: LLM,
+    run_pass: Pass,
     workload: list[StructuredRequest],
     lengths: list[int],
     mode: str,
@@ -205,7 +237,7 @@ def _row(
     batch1: bool,
 ) -> Row:
     params = [item.params(mode, length) for item, length in zip(workload, lengths, strict=True)]
-    timed = _one_at_a_time(llm, workload, params) if batch1 else _all_at_once(llm, workload, params)
+    timed = run_pass(params, batch1)
     tokens = sum(len(output.token_ids) for output in timed.outputs)
     checked = _check(timed.outputs, workload) if mode == "json_schema" else None
     return Row(
@@ -221,24 +253,48 @@ def _row(
         output_tokens=tokens,
         seconds=timed.seconds,
         steps=timed.steps,
-        mask_ms_per_step=1000 * timed.mask_seconds / max(timed.steps, 1),
+        mask_ms_per_step=(
+            1000 * timed.mask_seconds / max(timed.steps, 1)
+            if timed.mask_seconds is not None and timed.steps is not None
+            else None
+        ),
         valid=checked[0] if checked else None,
         truncated=checked[1] if checked else None,
         invalid=checked[2] if checked else None,
     )
 
 
-def _all_at_once(
-    llm: LLM, workload: list[StructuredRequest], params: list[SamplingParams] | None
+def _engine_pass(
+    llm: LLM, workload: list[StructuredRequest], params: list[SamplingParams], batch1: bool
 ) -> Timed:
-    """The whole workload at once (`params` None: each request constrained)."""
+    return _one_at_a_time(llm, workload, params) if batch1 else _all_at_once(llm, workload, params)
+
+
+def _router_pass(
+    address: str, workload: list[StructuredRequest], params: list[SamplingParams], batch1: bool
+) -> Timed:
+    prompts = [item.request.prompt for item in workload]
+    if not batch1:
+        outputs, seconds = asyncio.run(structured_router.all_at_once(address, prompts, params))
+        return Timed([Output(*output) for output in outputs], seconds, None, None)
+    outputs, seconds, decode_seconds, tokens = asyncio.run(
+        structured_router.one_at_a_time(address, prompts, params)
+    )
+    return Timed(
+        [Output(*output) for output in outputs], seconds, None, None, decode_seconds, tokens
+    )
+
+
+def _all_at_once(
+    llm: LLM, workload: list[StructuredRequest], params: list[SamplingParams]
+) -> Timed:
+    """The whole workload at once."""
     engine = llm.engine
-    every = params or [item.constrained() for item in workload]
     mask_before = engine.grammars.mask_seconds
     started = time.perf_counter()
     ids = [
         engine.add_request(list(item.request.prompt), sampling)
-        for item, sampling in zip(workload, every, strict=True)
+        for item, sampling in zip(workload, params, strict=True)
     ]
     outputs, steps = _drain(llm, set(ids))
     seconds = time.perf_counter() - started
@@ -352,6 +408,11 @@ def _summary(
 
 def _line(row: Row) -> str:
     batch1 = f", {row.ms_per_token_batch1:.1f} ms/token decode" if row.ms_per_token_batch1 else ""
+    steps = (
+        f", {row.steps} steps, mask {row.mask_ms_per_step:.2f} ms/step"
+        if row.steps is not None and row.mask_ms_per_step is not None
+        else ""
+    )
     checked = (
         f", {row.valid} valid / {row.truncated} truncated / {row.invalid} invalid"
         if row.valid is not None
@@ -359,6 +420,5 @@ def _line(row: Row) -> str:
     )
     return (
         f"{row.mode:>11} slots={row.slots:<3} {row.tokens_per_s:8.1f} tokens/s "
-        f"({row.output_tokens} tokens in {row.seconds:.2f} s, {row.steps} steps, "
-        f"mask {row.mask_ms_per_step:.2f} ms/step){batch1}{checked}"
+        f"({row.output_tokens} tokens in {row.seconds:.2f} s{steps}){batch1}{checked}"
     )

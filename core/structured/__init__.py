@@ -1,2 +1,2 @@
 """Structured outputs: what a request's output must follow (params), compiled into a grammar whose
-token mask is applied to the logits before sampling (grammar, xgrammar underneath)."""
+token mask is applied to the logits before sampling (grammar, llguidance underneath)."""

@@ -34,8 +34,8 @@ class StructuredKind(enum.Enum):
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """Exactly one constraint. `json` is the schema's text (a dict is dumped to it, so the same
-    schema is the same key in every worker's compile cache); `grammar` is EBNF in xgrammar's
-    dialect (GBNF-like, `root ::= ...`)."""
+    schema is the same key in every worker's compile cache); `grammar` is GBNF (llama.cpp's
+    EBNF, `root ::= ...`) or Lark (`start: ...`)."""
 
     json: str | dict[str, Any] | None = None  # a dict becomes its text at once
     json_object: bool = False

@@ -50,6 +50,26 @@ def test_greedy_under_a_constraint_equals_transformers(
     assert_engine_empty(llm)
 
 
+def test_free_and_constrained_requests_share_steps(
+    model_dir: Path,
+    structured_prompts: list[list[int]],
+    structured_reference: list[list[int]],
+    prompts: list[list[int]],
+    hf_greedy: list[list[int]],
+    max_new_tokens: int,
+) -> None:
+    """Only the constrained rows of a step are masked: the free ones give transformers' own."""
+    llm = LLM(model_dir, num_kv_blocks=256)
+    free = SamplingParams(max_tokens=max_new_tokens, temperature=0)
+    outputs = llm.generate(
+        structured_prompts + prompts[:4], [greedy(s) for _, s in CASES] + [free] * 4
+    )
+
+    tokens = [list(out.outputs[0].token_ids) for out in outputs]
+    assert tokens == structured_reference + hf_greedy[:4]
+    assert_engine_empty(llm)
+
+
 def test_drafts_are_cut_by_the_grammar_and_change_nothing(
     model_dir: Path, structured_prompts: list[list[int]], structured_reference: list[list[int]]
 ) -> None:

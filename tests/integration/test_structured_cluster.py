@@ -12,6 +12,7 @@ import itertools
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,20 +20,48 @@ import jsonschema
 import openai
 import pytest
 
+from pdserve.bench.offline.structured_workload import WORKLOAD_DIR
+from pdserve.cli import main
 from pdserve.client import GenerationClient, build_request
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.serving.sampling_proto import sampling_to_proto
 from pdserve.core.structured.params import StructuredOutputsParams
 from pdserve.local.cluster import Cluster
+from pdserve.v1 import generation_pb2
 from tests.structured_cases import CASES, MAX_TOKENS, PERSON, SHORT, assert_follows
 
 from .helpers import generate_all, metric, structured_request, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
-# About 70 ms of compile per repetition on this machine class: seconds for the whole schema.
-SLOW_SCHEMA = {"type": "string", "pattern": "^([a-z]{2,40}-[0-9]{1,30}\\.){60}$"}
-STEADY_GAP_S = 1.0  # a decode step takes ~0.1 s; a compile on the engine thread would take ~4 s
+# Constraints hard on a grammar engine, each new to the workers: long counted repetitions, a
+# 3000-value enum, 40 alternative objects, an 800-rule grammar whose lexer blows up.
+HARD_CONSTRAINTS = (
+    StructuredOutputsParams(
+        json={"type": "string", "pattern": "^([a-z]{2,40}-[0-9]{1,30}\\.){60}$"}
+    ),
+    StructuredOutputsParams(regex="(a|b|cd|efg){500,2000}x"),
+    StructuredOutputsParams(json={"enum": [f"value-{i}-{i * 7919 % 10007}" for i in range(3000)]}),
+    StructuredOutputsParams(
+        json={
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {f"k{i}_{j}": {"type": "string"} for j in range(20)},
+                    "required": [f"k{i}_{j}" for j in range(20)],
+                }
+                for i in range(40)
+            ]
+        }
+    ),
+    StructuredOutputsParams(
+        grammar="start: "
+        + " | ".join(f'"w{i}" x{i}' for i in range(800))
+        + "\n"
+        + "\n".join(f'x{i}: "a"{{{i % 50 + 1}}}' for i in range(800))
+    ),
+)
+STEADY_GAP_S = 1.0  # a decode step takes ~0.1 s here
 
 
 @pytest.fixture
@@ -202,22 +231,22 @@ def test_bad_constraints_get_400_naming_them(
     wait_all_blocks_free(cluster)
 
 
-def test_a_slow_grammar_never_stalls_the_other_streams(
+def test_hard_constraints_never_stall_the_other_streams(
     cluster: Cluster, structured_prompts: list[list[int]]
 ) -> None:
-    """The schema compiles on the workers' compile threads for seconds while a stream decodes
-    on the same workers: its tokens keep coming at their pace."""
+    """While constraints hard to build and to mask run (compiled on the workers' compile
+    threads, masked step by step), a stream on the same workers keeps its pace; each hard
+    request ends, with its tokens or an error, and nothing stays held."""
     steady = build_request(
         structured_prompts[3],
-        sampling=sampling_to_proto(
-            SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True)
-        ),
+        sampling=sampling_to_proto(SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)),
     )
-    slow = structured_request(
-        structured_prompts[1], StructuredOutputsParams(json=SLOW_SCHEMA), max_tokens=4
-    )
+    hard = [
+        structured_request(structured_prompts[1], structured, max_tokens=24)
+        for structured in HARD_CONSTRAINTS
+    ]
 
-    async def run() -> tuple[list[float], float, float]:
+    async def run() -> tuple[list[float], float, float, list[object]]:
         arrivals: list[float] = []
         async with GenerationClient.connect(cluster.router.address) as grpc_client:
 
@@ -229,14 +258,44 @@ def test_a_slow_grammar_never_stalls_the_other_streams(
             while len(arrivals) < 5:
                 await asyncio.sleep(0.01)
             sent = time.monotonic()
-            await grpc_client.generate(slow, timeout=120)
+            outcomes = await asyncio.gather(
+                *(grpc_client.generate(request, timeout=120) for request in hard),
+                return_exceptions=True,
+            )
             answered = time.monotonic()
             await streaming
-        return arrivals, sent, answered
+        return arrivals, sent, answered, list(outcomes)
 
-    arrivals, sent, answered = asyncio.run(run())
+    arrivals, sent, answered, outcomes = asyncio.run(run())
 
-    assert answered - sent > 2 * STEADY_GAP_S  # it did compile for a while
+    for outcome in outcomes:  # tokens, or a refusal that says why
+        if isinstance(outcome, grpc.aio.AioRpcError):
+            assert outcome.code() == grpc.StatusCode.INVALID_ARGUMENT, outcome
+        else:
+            assert isinstance(outcome, generation_pb2.GenerateResponse) and outcome.token_ids
     during = [b - a for a, b in itertools.pairwise(arrivals) if sent <= b <= answered]
     assert during and max(during) < STEADY_GAP_S, during
+    wait_all_blocks_free(cluster)
+
+
+def test_the_structured_bench_runs_through_the_cluster(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pdserve bench structured --router`: both modes through the split, the same tokens."""
+    workload = tmp_path / "two.json"
+    shipped = json.loads((WORKLOAD_DIR / "structured.json").read_text())
+    workload.write_text(json.dumps([{**request, "max_tokens": 12} for request in shipped[:2]]))
+    argv = ["bench", "structured", "--router", cluster.router.address, "--workload", str(workload)]
+
+    assert main([*argv, "--repeats", "1", "--batch1", "--json"]) == 0
+
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    modes = [(row["mode"], row["slots"]) for row in rows if "mode" in row]
+    assert modes == [("off", 0), ("json_schema", 0), ("off", 1), ("json_schema", 1)]
+    for row in rows:
+        if row.get("mode") == "json_schema":
+            assert row["invalid"] == 0 and row["valid"] + row["truncated"] == 2
+        if "mode" in row:
+            assert row["output_tokens"] == rows[1]["output_tokens"] > 0
+            assert row["steps"] is None and row["mask_ms_per_step"] is None
     wait_all_blocks_free(cluster)
