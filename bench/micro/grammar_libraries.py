@@ -185,8 +185,8 @@ def _outlines_core(tokenizer: Any, vocab_size: int, eos: int) -> Masker:
 
     def walk(schema: str, token_ids: list[int]) -> tuple[float, list[float]]:
         started = time.perf_counter()
-        # The whitespace xgrammar and llguidance allow between JSON tokens (outlines' default allows no
-        # newline), so that the walk is a valid answer for both.
+        # The whitespace xgrammar and llguidance allow between JSON tokens (outlines' default
+        # allows no newline), so that the walk is a valid answer for all three.
         regex = build_regex_from_schema(schema, whitespace_pattern=r"[\n\t ]*")
         guide = Guide(Index(regex, vocabulary))
         compiled = time.perf_counter() - started

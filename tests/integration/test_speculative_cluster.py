@@ -1,7 +1,8 @@
 """Speculative decoding through real processes: router -> prefill -> UCX -> decode drafting with
 `--speculative ngram`, and colocated (decode prefills itself). Greedy tokens are transformers'
-on both doors (gRPC unary and stream, OpenAI HTTP), the decode worker reports drafts verified
-and kept, and every block is free afterwards.
+on both doors (gRPC unary and stream, OpenAI HTTP), and under structured-output constraints
+transformers' under the same mask, the decode worker reports drafts verified and kept, and
+every block is free afterwards.
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ import pytest
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.local.cluster import Cluster
 from tests.conftest import transformers_greedy
+from tests.structured_cases import CASES, assert_follows
 
 from .conftest import start_cluster
-from .helpers import greedy_outputs, metric, wait_all_blocks_free
+from .helpers import (
+    generate_all,
+    greedy_outputs,
+    metric,
+    structured_request,
+    wait_all_blocks_free,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +78,27 @@ def test_disaggregated_greedy_with_drafts_equals_transformers(
     assert asyncio.run(greedy_outputs(spec_cluster, prompts, max_new_tokens)) == hf_greedy
     assert asyncio.run(_stream_all(spec_cluster, prompts, max_new_tokens)) == hf_greedy
     assert_drafts_kept(spec_cluster)
+    wait_all_blocks_free(spec_cluster)
+
+
+def test_constrained_drafts_give_transformers_tokens_under_the_mask(
+    spec_cluster: Cluster,
+    structured_prompts: list[list[int]],
+    structured_reference: list[list[int]],
+) -> None:
+    """Decode cuts each draft where the grammar refuses it and masks every verified row."""
+    drafted = "pdserve_decode_spec_drafted_tokens"
+    drafted_before = metric(spec_cluster.decode[0], drafted)
+    requests = [
+        structured_request(prompt, structured)
+        for prompt, (_, structured) in zip(structured_prompts, CASES, strict=True)
+    ]
+    replies = asyncio.run(generate_all(spec_cluster, requests))
+
+    assert [list(reply.token_ids) for reply in replies] == structured_reference
+    for reply, (_, structured) in zip(replies, CASES, strict=True):
+        assert_follows(reply.text, structured)
+    assert metric(spec_cluster.decode[0], drafted) > drafted_before  # the record was drafted
     wait_all_blocks_free(spec_cluster)
 
 
