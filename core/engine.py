@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import torch
 
 from pdserve.core.config import EngineConfig
-from pdserve.core.kv.block_pool import blocks_for, cache_root
+from pdserve.core.intake import RequestIntake
+from pdserve.core.kv.block_pool import cache_root
 from pdserve.core.kv.cache import DTYPES, KVCache, KVLayout
-from pdserve.core.kv.sliding_window import max_live_blocks
 from pdserve.core.model.config import ModelConfig, load_model_config
 from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
@@ -103,6 +103,7 @@ class LLMEngine:
         self.grammars = Grammars(
             self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
         )
+        self.intake = RequestIntake(config, self.model_config, self.tokenizer, self.grammars)
         self.runner = ModelRunner(model, kv_cache, swap, self.grammars)
         self.scheduler = scheduler_class(config, self.model_config.sliding_window)
         proposer = make_proposer(config)
@@ -143,13 +144,13 @@ class LLMEngine:
         ids = sample_ids(request_id, params.n)
         if any(known in self.requests for known in {request_id, *ids}):
             raise DuplicateRequestError(request_id)
-        token_ids = self._prompt_token_ids(prompt)
-        self._check_fits(len(token_ids), params.max_tokens)
+        token_ids = self.intake.prompt_token_ids(prompt)
+        self.intake.check_fits(len(token_ids), params.max_tokens)
         if params.n > self.config.max_num_seqs:
             raise InvalidRequestError("n", f"{params.n} exceeds max_num_seqs")
         if params.structured is not None:
             self.grammars.compiled(params.structured)  # refused now if it does not compile
-        resumed = self._resumed_output(resumed_output, params)
+        resumed = self.intake.resumed_output(resumed_output, params)
         samples = [
             self._new_request(sample_id, token_ids, params.for_sample(index), order, index)
             for index, sample_id in enumerate(ids)
@@ -173,25 +174,6 @@ class LLMEngine:
         self._detokenizers[request_id] = self._new_detokenizer(params)
         return request
 
-    def _resumed_output(self, resumed: Sequence[int], params: SamplingParams) -> list[int]:
-        if not resumed:
-            return []
-        field = "resumed_output_token_ids"
-        if params.n != 1:
-            raise InvalidRequestError(field, f"a resumed request runs one sample, not n={params.n}")
-        if len(resumed) >= params.max_tokens:
-            raise InvalidRequestError(
-                field, f"{len(resumed)} tokens leave none of max_tokens ({params.max_tokens})"
-            )
-        token_ids = self._token_ids(list(resumed), field)
-        if params.structured is not None:  # a matcher to check with, not the request's own
-            grammar = GrammarState(
-                self.grammars.compiled(params.structured), self.grammars.stop_token_ids
-            )
-            if not grammar.advance_all(token_ids):
-                raise InvalidRequestError(field, "the grammar of `structured` refuses these tokens")
-        return token_ids
-
     def _grammar_state(self, params: SamplingParams) -> GrammarState | None:
         """A fresh matcher of the request's structured constraint (None: unconstrained)."""
         if params.structured is None:
@@ -209,8 +191,8 @@ class LLMEngine:
         request.output_token_ids = list(resumed)
         request.noise = seeded_noise(request.params, tokens_sampled_elsewhere)
         if request.grammar is not None:
-            # Checked when the request came (`_resumed_output`); a live migration's last token
-            # when it started (DecodeEngine.start).
+            # Checked when the request came (`RequestIntake.resumed_output`); a live migration's
+            # last token when it started (DecodeEngine.start).
             caught_up = request.grammar.catch_up(request.output_token_ids)
             assert caught_up, f"{request.request_id}: resumed output refused by its grammar"
         if resumed:
@@ -230,14 +212,14 @@ class LLMEngine:
     ) -> Request:
         """One request, validated as `add_request` validates one (its prompt, what fits the
         context and the pool, the resumed output), neither tracked nor scheduled yet."""
-        token_ids = self._prompt_token_ids(prompt_token_ids)
-        self._check_fits(len(token_ids), params.max_tokens)
-        resumed = self._resumed_output(resumed_output, params)
+        token_ids = self.intake.prompt_token_ids(prompt_token_ids)
+        self.intake.check_fits(len(token_ids), params.max_tokens)
+        resumed = self.intake.resumed_output(resumed_output, params)
         request = Request(request_id, token_ids, params, next(self._arrivals), time.monotonic())
         request.output_token_ids = resumed
         request.grammar = self._grammar_state(params)
         if request.grammar is not None:
-            request.grammar.catch_up(resumed)  # `_resumed_output` checked that it may
+            request.grammar.catch_up(resumed)  # `RequestIntake.resumed_output` checked that it may
         return request
 
     def _track(self, request: Request) -> None:
@@ -290,48 +272,6 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
-
-    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt", "must not be empty")
-            return list(self.tokenizer.encode(prompt))
-        if not isinstance(prompt, list) or not prompt:
-            raise InvalidRequestError("prompt_token_ids", "must be a non-empty list of token ids")
-        return self._token_ids(prompt, "prompt_token_ids")
-
-    def _token_ids(self, token_ids: list[int], field: str) -> list[int]:
-        vocab = self.model_config.vocab_size
-        for token_id in token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int):
-                raise InvalidRequestError(field, "every token id must be an integer")
-            if not 0 <= token_id < vocab:
-                raise InvalidRequestError(
-                    field, f"token id {token_id} is outside the vocabulary [0, {vocab})"
-                )
-        return list(token_ids)
-
-    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        context = self.model_config.max_position
-        if prompt_len + max_tokens > context:
-            raise InvalidRequestError(
-                "sampling.max_tokens",
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-                f"context length of {context}",
-            )
-        needed = blocks_for(prompt_len + max_tokens, self.config.block_size)
-        window = self.model_config.sliding_window
-        if window is not None:  # it holds no more than a step's window, however long it grows
-            step = max_live_blocks(
-                window, self.config.block_size, self.config.max_num_batched_tokens
-            )
-            needed = min(needed, step)
-        if needed > self.config.num_kv_blocks:
-            raise InvalidRequestError(
-                "sampling.max_tokens",
-                f"prompt + max_tokens needs {needed} KV blocks, more than the whole cache "
-                f"({self.config.num_kv_blocks})",
-            )
 
     def _may_draft(self, request: Request) -> bool:
         """Whether `request` may draft (when its next step decodes): every request here; a tier

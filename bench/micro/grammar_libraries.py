@@ -143,10 +143,9 @@ def _xgrammar(tokenizer: Any, vocab_size: int, eos: int) -> Masker:
 
 
 def _llguidance(tokenizer: Any, vocab_size: int, eos: int) -> Masker:
-    # Not pdserve's dependencies: measured where installed.
-    import llguidance  # type: ignore[import-not-found, unused-ignore]
-    import llguidance.hf  # type: ignore[import-not-found, unused-ignore]
-    import llguidance.torch  # type: ignore[import-not-found, unused-ignore]
+    import llguidance
+    import llguidance.hf
+    import llguidance.numpy  # the mask pdserve fills (core/structured/grammar.py)
 
     llg_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
 
@@ -155,11 +154,11 @@ def _llguidance(tokenizer: Any, vocab_size: int, eos: int) -> Masker:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
         matcher = llguidance.LLMatcher(llg_tokenizer, grammar)
         compiled = time.perf_counter() - started
-        bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+        bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
         times = []
         for token in token_ids[:-1]:
             started = time.perf_counter()
-            llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+            llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, 0)
             times.append(time.perf_counter() - started)
             assert matcher.consume_token(token), matcher.get_error()
         return compiled, times

@@ -29,7 +29,8 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
+import numpy as np
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
@@ -107,9 +108,10 @@ class GrammarState:
             self._matcher.rollback(num_tokens)
             self.num_accepted -= num_tokens
 
-    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Writes the tokens allowed next into row `row` of an int32 bitmask."""
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+    def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
+        """Writes the tokens allowed next into row `row` of an int32 bitmask (bit j of word w:
+        token 32 w + j)."""
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, bitmask, row)
 
     @property
     def terminated(self) -> bool:
@@ -137,7 +139,7 @@ def mask_logits(logits: torch.Tensor, constrained: Sequence[ConstrainedRows]) ->
     rows = [
         entry.first_row + offset for entry in constrained for offset in range(len(entry.drafts) + 1)
     ]
-    bitmask = llguidance.torch.allocate_token_bitmask(len(rows), logits.shape[-1])
+    bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), logits.shape[-1])
     filled = 0
     for entry in constrained:
         grammar = entry.grammar
@@ -149,12 +151,25 @@ def mask_logits(logits: torch.Tensor, constrained: Sequence[ConstrainedRows]) ->
                 assert advanced, "drafts are cut where the grammar refuses one"
         grammar.rollback(len(entry.drafts))
     if rows == list(range(logits.shape[0])):  # every row: in place, no copy
-        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+        apply_bitmask(logits, bitmask)
         return len(rows)
     masked = logits[rows]
-    llguidance.torch.apply_token_bitmask_inplace(masked, bitmask)
+    apply_bitmask(masked, bitmask)
     logits[rows] = masked
     return len(rows)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> None:
+    """Sets to -inf, in place, each logit whose bit in its row of `bitmask` is 0.
+
+    Not llguidance.torch's applier: that one is a torch.compile'd function, so importing it
+    loads dynamo and inductor into every worker (seconds of start-up) and its first call
+    compiles C++ on the engine thread, with a compiler the pod may not have."""
+    # The words' bytes in little-endian order (a no-op view on little-endian hosts), so that
+    # the bits unpack in token order.
+    words = bitmask.astype("<i4", copy=False).view(np.uint8)
+    refused = np.unpackbits(~words, axis=1, count=logits.shape[-1], bitorder="little")
+    logits.masked_fill_(torch.from_numpy(refused).view(torch.bool), float("-inf"))
 
 
 class Grammars:

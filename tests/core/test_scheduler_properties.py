@@ -43,7 +43,7 @@ def configs(draw: st.DrawFn, block_sizes: tuple[int, ...]) -> EngineConfig:
 
 @st.composite
 def arrival_lists(draw: st.DrawFn, config: EngineConfig, last_step: int) -> list[Arrival]:
-    """Requests that each fit the pool alone (what LLMEngine._check_fits lets in)."""
+    """Requests that each fit the pool alone (what RequestIntake.check_fits lets in)."""
     capacity = config.num_kv_blocks * config.block_size
     arrivals = []
     for _ in range(draw(st.integers(2, 8))):

@@ -1,20 +1,24 @@
 """The structured-output parts on their own: what StructuredOutputsParams accepts, the proto round
-trip, the compiler's cache and time bound, and the matcher's bookkeeping (advance, roll back,
-catch up)."""
+trip, the compiler's cache and time bound, the matcher's bookkeeping (advance, roll back, catch up),
+and the bitmask applied to the logits."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from pdserve.core.model.config import load_model_config
 from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to_proto
-from pdserve.core.structured.grammar import Grammars
+from pdserve.core.structured.grammar import Grammars, apply_bitmask
 from pdserve.core.structured.params import (
     MAX_CHOICES,
     MAX_CONSTRAINT_CHARS,
@@ -112,3 +116,35 @@ def test_the_matcher_advances_rolls_back_and_catches_up(grammars: Grammars, toke
     state.rollback(len(apple))
     assert state.advance_all(banana) and not state.terminated
     assert state.advance(tokenizer.eos_token_id) and state.terminated
+
+
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 64), (3, 49152), (2, 1000)])
+def test_apply_bitmask_refuses_exactly_the_zero_bits(rows: int, vocab: int) -> None:
+    """Bit j of word w is token 32 w + j; a vocabulary that ends inside a word keeps its size."""
+    generator = np.random.default_rng(rows * vocab)
+    words = (vocab + 31) // 32
+    bitmask = generator.integers(-(2**31), 2**31, size=(rows, words), dtype=np.int32)
+    logits = torch.randn(rows, vocab)
+    allowed = [
+        [bool((int(bitmask[row, token // 32]) >> (token % 32)) & 1) for token in range(vocab)]
+        for row in range(rows)
+    ]
+    expected = logits.masked_fill(~torch.tensor(allowed), float("-inf"))
+
+    apply_bitmask(logits, bitmask)
+
+    assert torch.equal(logits, expected)
+
+
+def test_a_worker_start_loads_no_compiler_stack() -> None:
+    """Importing the engine (every worker does) must not load torch's compiler (dynamo and
+    inductor cost seconds of start-up per process; llguidance.torch's applier loads them)."""
+    probe = (
+        "import sys, pdserve.core.engine, pdserve.decode_service.main, "
+        "pdserve.prefill_service.main; "
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"
