@@ -148,8 +148,8 @@ class LLMEngine:
         self.intake.check_fits(len(token_ids), params.max_tokens)
         if params.n > self.config.max_num_seqs:
             raise InvalidRequestError("n", f"{params.n} exceeds max_num_seqs")
-        if params.structured is not None:
-            self.grammars.compiled(params.structured)  # refused now if it does not compile
+        if params.structured_outputs is not None:
+            self.grammars.compiled(params.structured_outputs)  # refused now if it does not compile
         resumed = self.intake.resumed_output(resumed_output, params)
         samples = [
             self._new_request(sample_id, token_ids, params.for_sample(index), order, index)
@@ -176,9 +176,9 @@ class LLMEngine:
 
     def _grammar_state(self, params: SamplingParams) -> GrammarState | None:
         """A fresh matcher of the request's structured constraint (None: unconstrained)."""
-        if params.structured is None:
+        if params.structured_outputs is None:
             return None
-        return self.grammars.state_for(params.structured)
+        return self.grammars.state_for(params.structured_outputs)
 
     def resume(self, request: Request, resumed: list[int], tokens_sampled_elsewhere: int) -> None:
         """Migration: `request` continues after `resumed`, output a lost worker already streamed.

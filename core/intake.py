@@ -86,9 +86,9 @@ class RequestIntake:
                 f"{len(resumed)} tokens leave none of max_tokens ({params.max_tokens})",
             )
         token_ids = self.token_ids(list(resumed), RESUMED_FIELD)
-        if params.structured is not None:  # a matcher to check with, not the request's own
+        if params.structured_outputs is not None:  # a matcher to check with, not the request's own
             grammar = GrammarState(
-                self.grammars.compiled(params.structured), self.grammars.stop_token_ids
+                self.grammars.compiled(params.structured_outputs), self.grammars.stop_token_ids
             )
             if not grammar.advance_all(token_ids):
                 raise InvalidRequestError(

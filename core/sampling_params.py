@@ -40,7 +40,8 @@ class SamplingParams:
     ignore_eos: bool = False
     priority: int = 0  # higher runs first under the `priority` policy
     n: int = 1  # completions of the prompt; they share its KV blocks (copy-on-write)
-    structured: StructuredOutputsParams | None = None  # what the output must follow
+    # What the output must follow (vLLM's name: SamplingParams.structured_outputs).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -59,7 +60,7 @@ class SamplingParams:
             raise InvalidRequestError("stop", "every stop string must be a non-empty string")
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, minimum=0)
-        _check_structured(self.structured)
+        _check_structured(self.structured_outputs)
 
     @property
     def greedy(self) -> bool:
@@ -82,7 +83,7 @@ def _check_structured(structured: object) -> None:
     from pdserve.core.structured.params import StructuredOutputsParams
 
     if structured is not None and not isinstance(structured, StructuredOutputsParams):
-        raise InvalidRequestError("structured", "must be a StructuredOutputsParams")
+        raise InvalidRequestError("structured_outputs", "must be a StructuredOutputsParams")
 
 
 def _check_int(field: str, value: object, minimum: int | None) -> None:

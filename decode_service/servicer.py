@@ -34,7 +34,7 @@ class DecodeServicer(StreamServicer):
             self.runtime.check_accepting()
             work = work_from_proto(request.request)
             engine = self.runtime.engine(DecodeEngine)
-            await self.runtime.compile_grammar(work.params.structured)
+            await self.runtime.compile_grammar(work.params.structured_outputs)
             abort = functools.partial(engine.abort, work.request_id)
             live = request.live_migration
             granted = await self.runtime.call(

@@ -30,7 +30,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             work = work_from_proto(request.request)
             destination = descriptor_from_proto(request.destination)
             engine = self.runtime.engine(PrefillEngine)
-            await self.runtime.compile_grammar(work.params.structured)
+            await self.runtime.compile_grammar(work.params.structured_outputs)
             # The caller going away (cancel, deadline) frees this tier's blocks.
             abort = functools.partial(engine.abort, work.request_id)
             pending = await self.runtime.call(

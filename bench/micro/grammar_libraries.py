@@ -84,7 +84,7 @@ def _walks(llm: LLM) -> list[Walk]:
         question = f"Describe an example {path.stem} as a JSON object."
         prompt = chat_prompt(llm.engine.tokenizer, [ChatMessage("user", question)])
         params = SamplingParams(
-            max_tokens=256, temperature=0, structured=StructuredOutputsParams(json=schema)
+            max_tokens=256, temperature=0, structured_outputs=StructuredOutputsParams(json=schema)
         )
         (output,) = llm.generate(prompt, params)
         walks.append(Walk(path.stem, schema, list(output.outputs[0].token_ids)))

@@ -101,7 +101,7 @@ class StructuredRequest:
         return SamplingParams(
             max_tokens=self.request.max_tokens,
             temperature=0,
-            structured=StructuredOutputsParams(json=self.schema),
+            structured_outputs=StructuredOutputsParams(json=self.schema),
         )
 
     def params(self, mode: str, length: int) -> SamplingParams:

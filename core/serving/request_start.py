@@ -55,7 +55,10 @@ def local_start(runtime: TierRuntime, request: decode_pb2.GenerateLocalRequest) 
 
     stream_metrics.LOCAL_PREFILLS.inc()
     return RequestStart(
-        usage, start, movable=engine.streams_move_on_drain, structured=work.params.structured
+        usage,
+        start,
+        movable=engine.streams_move_on_drain,
+        structured=work.params.structured_outputs,
     )
 
 

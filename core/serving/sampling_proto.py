@@ -29,7 +29,7 @@ def sampling_from_proto(message: common_pb2.SamplingParams, priority: int) -> Sa
             ignore_eos=message.ignore_eos,
             priority=priority,
             n=message.n or 1,
-            structured=_structured_from_proto(message),
+            structured_outputs=_structured_from_proto(message),
         )
     except InvalidRequestError as error:
         field = error.field if error.field == "priority" else f"sampling.{error.field}"
@@ -49,8 +49,8 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     )
     if params.seed is not None:
         message.seed = params.seed
-    if params.structured is not None:
-        message.structured.CopyFrom(_structured_to_proto(params.structured))
+    if params.structured_outputs is not None:
+        message.structured.CopyFrom(_structured_to_proto(params.structured_outputs))
     return message
 
 

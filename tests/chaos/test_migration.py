@@ -48,7 +48,10 @@ def _sampling(index: int) -> SamplingParams:
     kill)."""
     if index < STRUCTURED:
         params = CoreSamplingParams(
-            max_tokens=MAX_TOKENS, temperature=0.0, stop=(NEVER,), structured=CASES[index][1]
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            stop=(NEVER,),
+            structured_outputs=CASES[index][1],
         )
         return sampling_to_proto(params)
     if index % 2 == 0:

@@ -29,7 +29,9 @@ SCENARIOS = {
 
 
 def greedy(structured: StructuredOutputsParams, **overrides: Any) -> SamplingParams:
-    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0, structured=structured, **overrides)
+    return SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0, structured_outputs=structured, **overrides
+    )
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -88,7 +90,9 @@ def test_every_sample_follows_the_constraint(
     """n = 3 forks of one prompt: one matcher each."""
     llm = LLM(model_dir, num_kv_blocks=256)
     params = [
-        SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=7, n=3, structured=structured)
+        SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=1.0, seed=7, n=3, structured_outputs=structured
+        )
         for _, structured in CASES[SHORT]
     ]
     outputs = llm.generate(structured_prompts[SHORT], params)

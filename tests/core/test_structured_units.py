@@ -73,7 +73,7 @@ def test_a_schema_given_as_a_dict_becomes_its_text_in_order() -> None:
     ],
 )
 def test_every_kind_survives_the_wire(structured: StructuredOutputsParams) -> None:
-    params = SamplingParams(structured=structured)
+    params = SamplingParams(structured_outputs=structured)
     assert sampling_from_proto(sampling_to_proto(params), 0) == params
 
 

@@ -126,7 +126,7 @@ def structured_request(
     """A greedy request under `structured` (`sampling` overrides the defaults)."""
     params = sampling_params.SamplingParams(
         **{"max_tokens": STRUCTURED_MAX_TOKENS, "temperature": 0.0, **sampling},
-        structured=structured,
+        structured_outputs=structured,
     )
     return build_request(prompt, sampling=sampling_to_proto(params))
 
