@@ -273,6 +273,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def close(self) -> None:
+        """Stops what the engine runs outside its own thread (a tier's UCX endpoints) before the
+        interpreter exits: left running there, their threads can hang the process's exit."""
+
     def _may_draft(self, request: Request) -> bool:
         """Whether `request` may draft (when its next step decodes): every request here; a tier
         excludes the ones it runs for another's sake."""

@@ -120,6 +120,10 @@ class DecodeEngine(LLMEngine):
         )
         self._outbox: list[Delivery] = []  # deliveries made between polls (suspended streams)
 
+    def close(self) -> None:
+        self.receiver.close()
+        self.outgoing.close()
+
     # -- commands (engine thread) ---------------------------------------------------------
 
     def reserve(

@@ -118,6 +118,11 @@ class OutgoingMigrations:
         self._sending = [*(pushing for pushing in self._sending if not pushing.done()), sending]
         return sending
 
+    def close(self) -> None:
+        """Closes the sender, if a migration made one."""
+        if self._sender is not None:
+            self._sender.close()
+
     def _kv_sender(self) -> KVSenderLike:
         if self._sender is None:
             if self._sender_factory is None:

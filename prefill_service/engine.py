@@ -82,6 +82,9 @@ class PrefillEngine(LLMEngine):
         self.sender = sender
         self._jobs: dict[str, _Job] = {}
 
+    def close(self) -> None:
+        self.sender.close()
+
     def submit(
         self,
         request_id: str,

@@ -19,8 +19,9 @@ def mypy_run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     """Strict mypy, started before the run's first test when the run includes MYPY_TEST
-    (tests/test_static_checks.py): a minute of one core from a cold cache that overlaps the
-    tests that wait (on streams, drains, timeouts) instead of adding a minute at the end."""
+    (tests/test_static_checks.py): half a minute of one core from a cold cache, at the lowest
+    CPU priority, on what the tests that wait (on streams, drains, timeouts) leave idle instead
+    of adding it at the end."""
     test = next((item for item in request.session.items if item.name == MYPY_TEST), None)
     if test is None:
         yield None

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 import llguidance
-import llguidance.torch
+import llguidance.numpy
 import torch
 import transformers
 
@@ -79,7 +79,8 @@ def assert_follows(text: str, structured: StructuredOutputsParams) -> None:
 
 class GuidanceLogitsProcessor(transformers.LogitsProcessor):
     """The reference's mask in transformers' `generate`: llguidance's own calls on a copy of the
-    engine's compiled matcher (one processor per generate call, batch of one)."""
+    engine's compiled matcher (one processor per generate call, batch of one). Its numpy applier,
+    not its torch one: that is a torch.compile'd function, seconds of compiling per test run."""
 
     def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self.matcher = matcher.deep_copy()
@@ -89,7 +90,7 @@ class GuidanceLogitsProcessor(transformers.LogitsProcessor):
         if self.started:  # the token sampled from the last call's scores
             assert self.matcher.consume_token(int(input_ids[0, -1])), self.matcher.get_error()
         self.started = True
-        bitmask = llguidance.torch.allocate_token_bitmask(1, scores.shape[-1])
-        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, 0)
-        llguidance.torch.apply_token_bitmask_inplace(scores, bitmask)
+        bitmask = llguidance.numpy.allocate_token_bitmask(1, scores.shape[-1])
+        llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, 0)
+        llguidance.numpy.apply_token_bitmask_inplace(scores.numpy(), bitmask)  # in place, shared
         return scores

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import faulthandler
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from pdserve.core.serving.server import ServiceHost
 from pdserve.core.structured.params import StructuredOutputsParams
 
 T = TypeVar("T")
+EXIT_WATCHDOG_S = 10.0  # from the server's stop to the process's end
 EngineT = TypeVar("EngineT", bound=LLMEngine)
 
 
@@ -144,6 +146,7 @@ async def serve_tier(runtime: TierRuntime, build_loop: Callable[[], EngineLoop])
         await host.serve_until_signal(runtime.is_idle)
     finally:
         loop.stop()
+        loop.engine.close()
 
 
 def add_tier_arguments(parser: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
@@ -199,4 +202,7 @@ def run_tier(
         await serve_tier(runtime, build_loop)
 
     asyncio.run(serve())
+    # What is left runs at the interpreter's exit (threads, finalizers): if that hangs, the
+    # threads' stacks go to the log and the process exits anyway, not a supervisor's kill later.
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)
     return 0

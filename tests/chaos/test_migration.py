@@ -1,4 +1,4 @@
-"""A decode worker leaves mid-stream: its requests move to the other decode worker and every
+"""A decode worker leaves mid-stream: its requests move to another decode worker and every
 stream goes on as if nothing happened, on gRPC and on HTTP: the same tokens (greedy and seeded
 sampling), the same text (including what the worker that left held back for a stop string's
 look-ahead), the same finish reason and usage as the undisturbed run; no block stays held.
@@ -7,7 +7,9 @@ tokens are transformers' under the same mask.
 
 - SIGKILL: the worker is lost; the router re-prefills each stream elsewhere (prompt + streamed).
 - SIGTERM: the worker drains; the router moves each stream live, its KV pushed over UCX to the
-  other worker (no re-prefill), and the drained worker exits cleanly."""
+  last worker (no re-prefill), and the drained worker exits cleanly.
+
+Both in one cluster of three decode workers, one after the other, against one undisturbed run."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import pytest
 from pdserve.client import GenerationClient, SamplingParams
 from pdserve.core.sampling_params import SamplingParams as CoreSamplingParams
 from pdserve.core.serving.sampling_proto import sampling_to_proto
-from pdserve.local.cluster import Cluster
+from pdserve.local.cluster import Cluster, Process
 
 from ..integration.conftest import start_cluster
 from ..integration.helpers import labelled_metric, load
@@ -66,54 +68,59 @@ def _sampling(index: int) -> SamplingParams:
     )
 
 
-@pytest.mark.parametrize(
-    ("how", "outcome"),
-    [(signal.SIGKILL, "migrated"), (signal.SIGTERM, "live")],
-    ids=["killed-re-prefilled", "drained-moved-live"],
-)
-def test_streams_survive_a_decode_worker_leaving(
+# Who leaves, in turn, from one cluster of three decode workers (one cluster start and one
+# undisturbed run for both): decode-0 is lost, then decode-1 drains while decode-2 serves.
+DEPARTURES = ((signal.SIGKILL, "migrated"), (signal.SIGTERM, "live"))
+
+
+def test_streams_survive_decode_workers_leaving(
     model_dir: Path,
     tmp_path: Path,
     prompts: list[list[int]],
     structured_prompts: list[list[int]],
     structured_reference: list[list[int]],
     chaos_rounds: int,
-    how: signal.Signals,
-    outcome: str,
 ) -> None:
     work = structured_prompts[:STRUCTURED] + prompts[1:7]
     for round_ in range(chaos_rounds):
-        cluster = start_cluster(model_dir, tmp_path / f"logs-{round_}", 1, 2)
+        cluster = start_cluster(model_dir, tmp_path / f"logs-{round_}", 1, len(DEPARTURES) + 1)
         try:
             undisturbed = asyncio.run(_streams(cluster, work, None))
-            moved = asyncio.run(_streams(cluster, work, how))
-            assert moved == undisturbed
             unconstrained = undisturbed[STRUCTURED:GRPC_STREAMS]
             assert all(len(s.token_ids) == MAX_TOKENS for s in unconstrained)
-            structured = [s.token_ids for s in moved[:STRUCTURED]]
-            assert structured == structured_reference[:STRUCTURED]
-            worst_gap = max(_worst_gap(s) for s in moved)
-            print(f"chaos {outcome} round {round_}: worst gap across the move {worst_gap:.2f} s")
-            counts = {
-                kind: labelled_metric(
-                    cluster.router, "pdserve_router_migrations_total", outcome=kind
+            for leaving, (how, outcome) in enumerate(DEPARTURES):
+                before = _migrations(cluster)
+                moved = asyncio.run(_streams(cluster, work, (cluster.decode[leaving], how)))
+                assert moved == undisturbed
+                structured = [s.token_ids for s in moved[:STRUCTURED]]
+                assert structured == structured_reference[:STRUCTURED]
+                worst_gap = max(_worst_gap(s) for s in moved)
+                print(
+                    f"chaos {outcome} round {round_}: worst gap across the move {worst_gap:.2f} s"
                 )
-                for kind in ("migrated", "live")
-            }
-            assert counts[outcome] >= 1
-            if how is signal.SIGTERM:  # every stream moved with its KV, none re-prefilled
-                assert counts["migrated"] == 0
-                assert cluster.decode[0].popen.wait(timeout=60) == 0
-            _wait_survivors_free(cluster)
+                after = _migrations(cluster)
+                assert after[outcome] > before[outcome]
+                if how is signal.SIGTERM:  # every stream moved with its KV, none re-prefilled
+                    assert after["migrated"] == before["migrated"]
+                    assert cluster.decode[leaving].popen.wait(timeout=60) == 0
+            _wait_free([*cluster.prefill, cluster.decode[-1]])
         finally:
             cluster.stop()
 
 
+def _migrations(cluster: Cluster) -> dict[str, float]:
+    """The router's migrations so far, by how the stream moved."""
+    name = "pdserve_router_migrations_total"
+    return {
+        kind: labelled_metric(cluster.router, name, outcome=kind) for kind in ("migrated", "live")
+    }
+
+
 async def _streams(
-    cluster: Cluster, prompts: list[list[int]], disturb: signal.Signals | None
+    cluster: Cluster, prompts: list[list[int]], disturb: tuple[Process, signal.Signals] | None
 ) -> list[Stream]:
-    """What every prompt's client saw; with `disturb`, decode-0 gets that signal once every
-    stream has TOKENS_BEFORE_KILL chunks."""
+    """What every prompt's client saw; with `disturb` (a decode worker, a signal), the worker
+    gets the signal once every stream has TOKENS_BEFORE_KILL chunks."""
     streams = [Stream() for _ in prompts]
     http_url = cluster.http_url + "/v1"
     async with GenerationClient.connect(cluster.router.address) as client:
@@ -130,7 +137,8 @@ async def _streams(
         if disturb is not None:
             while min(len(s.chunk_times) for s in streams) < TOKENS_BEFORE_KILL:
                 await asyncio.sleep(0.005)
-            cluster.decode[0].popen.send_signal(disturb)
+            worker, how = disturb
+            worker.popen.send_signal(how)
         await asyncio.gather(*tasks)
     return streams
 
@@ -140,8 +148,7 @@ def _worst_gap(stream: Stream) -> float:
     return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
-def _wait_survivors_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
-    survivors = [*cluster.prefill, cluster.decode[1]]
+def _wait_free(survivors: list[Process], timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         replies = [load(process) for process in survivors]

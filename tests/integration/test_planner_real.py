@@ -76,7 +76,7 @@ def test_validation_prints_a_line_per_metric_and_a_verdict(tmp_path: Path) -> No
 
 def test_plan_verify_runs_the_plan_and_reports_both_sides(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(SMALL))
+    spec.write_text(json.dumps({**SMALL, "duration_s": 5}))  # 5 requests at 1 req/s
     slos = ["--slo-ttft-p90", "30", "--slo-itl-p99", "5"]
     values = tmp_path / "values.yaml"
     text = _pdserve(
@@ -86,7 +86,7 @@ def test_plan_verify_runs_the_plan_and_reports_both_sides(tmp_path: Path) -> Non
         "--workload",
         str(spec),
         "--rate",
-        "0.5",
+        "1",
         *slos,
         "--max-workers",
         "2",
