@@ -88,3 +88,7 @@ def register_engine_gauges(engine: DecodeEngine) -> None:
         "pdserve_decode_kv_rejected_messages",
         "KV messages refused since start for a missing or wrong transfer token",
     ).set_function(lambda: getattr(receiver, "rejected_messages", 0))
+    Gauge(
+        "pdserve_decode_kv_waiting_for_staging",
+        "Expected KV transfers whose receives wait for staging under --kv-staging-limit-mb",
+    ).set_function(lambda: getattr(receiver, "num_waiting_for_staging", 0))

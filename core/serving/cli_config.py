@@ -196,6 +196,15 @@ def add_ucx_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         group,
+        "--kv-staging-limit-mb",
+        size_limit_mb,
+        KV_STAGING_LIMIT_BYTES,
+        "buffers (each a copy of a prompt's KV) a decode worker holds at once for transfers on "
+        "their way in; a transfer past it waits for earlier ones to land, its sender within its "
+        "send timeout (0: no limit)",
+    )
+    add_flag(
+        group,
         "--kv-staging",
         str,
         "host",
@@ -214,7 +223,20 @@ def ucx_config_from_args(args: argparse.Namespace) -> UcxConfig:
         send_timeout_s=args.ucx_send_timeout_seconds,
         tcp_syn_retries=args.ucx_tcp_syn_retries,
         staging=StagingPlace(args.kv_staging),
+        staging_limit_bytes=args.kv_staging_limit_mb,
     )
+
+
+# A worker's default: 44 prompts of 500 tokens of the default model on their way in at once.
+KV_STAGING_LIMIT_BYTES = 1024 * 2**20
+
+
+def size_limit_mb(text: str) -> int | None:
+    """A size flag in MiB, as bytes; 0 means no limit (None)."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (MiB; 0: no limit), got {text}")
+    return round(value * 2**20) or None
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -5,6 +5,9 @@ A transfer, traced (decode: expect -> posted receives -> poll; prefill: open -> 
    token, allocates one staging buffer for the whole prompt, split into `num_pieces` pieces (one
    per group of layers, see `staging`), and posts one UCX tag receive per piece (tag = 64 bits of
    a hash of the token and the piece index). It returns a `TransferDescriptor`, which gRPC carries.
+   Staging under transfers is bounded (`UcxConfig.staging_limit_bytes`): past the limit, a
+   transfer's buffer and receives wait until earlier ones land; its sender's messages wait in
+   UCX (unmatched) meanwhile, within the sender's timeout.
 2. prefill `KVSender.open(descriptor, cache, src_block_ids, num_tokens)` checks everything and takes
    a staging buffer; `push(p)` (called as soon as the forward pass has written group p's layers)
    gathers that piece followed by the token and posts its tagged send, on the caller's thread; UCX
@@ -18,8 +21,11 @@ A transfer, traced (decode: expect -> posted receives -> poll; prefill: open -> 
 Only a message carrying the token can complete a posted receive, and only a completed receive
 with the whole token in its trailer is scattered: a late, foreign or wrong-token piece never
 lands (the request is FAILED). `cancel()` completes every still-posted receive with a one-byte
-message from this worker to itself (ucxx exposes no per-request cancel), so the staging buffer is
-freed at once; a real message arriving later stays unmatched, and its sender times out.
+message from this worker to itself (ucxx exposes no per-request cancel), so a real message arriving
+later stays unmatched and its sender times out. It returns at once, never waiting on the network
+(it runs on decode's engine thread, which every stream waits for): the staging buffer goes back to
+the pool once UCX is done with it, checked on later calls (`_reap`); a receive already matched by
+a sender that then stalls keeps its buffer until it completes or CANCEL_TIMEOUT_S passes.
 
 Threading: see `ucx_runtime`. `expect`, `poll`, `cancel` and `open` are thread-safe.
 """
@@ -30,6 +36,8 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import ucxx._lib.libucxx as ucx_api
@@ -45,7 +53,7 @@ from pdserve.core.transfer.interface import (
     check_num_pieces,
     piece_tag,
 )
-from pdserve.core.transfer.staging import Staging, StagingPool, block_index
+from pdserve.core.transfer.staging import Staging, StagingPool, block_index, staging_nbytes
 from pdserve.core.transfer.ucx_runtime import (
     UcxConfig,
     UcxRuntime,
@@ -61,26 +69,36 @@ CANCEL_POLL_S = 0.0005
 
 
 class _Incoming:
-    """One expected transfer: a posted receive per piece, landed piece by piece."""
+    """One expected transfer: a posted receive per piece, landed piece by piece. Until its
+    staging fits the receiver's limit it waits unposted (no staging, no receive)."""
 
-    def __init__(
-        self,
-        descriptor: TransferDescriptor,
-        staging: Staging,
-        requests: list[ucx_api.UCXRequest],
-    ) -> None:
+    def __init__(self, descriptor: TransferDescriptor, staging_nbytes: int) -> None:
         self.descriptor = descriptor
-        self.staging: Staging | None = staging  # None once every receive has completed
-        self.requests = requests  # `completed` is read without blocking
+        self.staging_nbytes = staging_nbytes  # what it counts against the staging limit
+        self.staging: Staging | None = None  # held from posting until every receive completed
+        self.requests: list[ucx_api.UCXRequest] = []  # `completed` is read without blocking
         self.landed: set[int] = set()
         self.started = time.perf_counter()
         self.state = TransferState.PENDING
         self.error = ""
 
     @property
+    def posted(self) -> bool:
+        return bool(self.requests)
+
+    @property
     def settled(self) -> bool:
         """Whether UCX is done with the staging buffer (every receive completed)."""
         return all(request.completed for request in self.requests)
+
+
+@dataclass(frozen=True)
+class _Cancelled:
+    """A cancelled transfer whose staging buffer UCX may still be writing."""
+
+    entry: _Incoming
+    pills: tuple[ucx_api.UCXRequest, ...]  # messages to ourselves that complete its receives
+    deadline: float  # monotonic: past it the buffer is let go, not reused
 
 
 class KVReceiver:
@@ -103,6 +121,10 @@ class KVReceiver:
         self._address: bytes = self._runtime.worker_address
         self._lock = threading.Lock()
         self._incoming: dict[str, _Incoming] = {}
+        self._cancelled: list[_Cancelled] = []
+        self._staging_limit = config.staging_limit_bytes
+        self._staging_held = 0  # bytes of staging under transfers (posted, or cancelled)
+        self._unposted: deque[_Incoming] = deque()  # waiting for the limit, in arrival order
         self._self_endpoint = ucx_api.UCXEndpoint.create_from_worker_address(
             self._runtime.worker, self._runtime.worker.address, config.endpoint_error_handling
         )
@@ -118,8 +140,23 @@ class KVReceiver:
 
     @property
     def idle_staging_bytes(self) -> int:
-        """Staging memory back in the pool (a cancel or a landing returns it)."""
+        """Staging memory back in the pool (a landing returns it, a cancel once UCX is done)."""
+        self._reap()
         return self._pool.idle_bytes
+
+    @property
+    def num_waiting_for_staging(self) -> int:
+        """Expected transfers whose receives wait for staging under the limit."""
+        with self._lock:
+            incoming = self._incoming
+            return sum(incoming.get(e.descriptor.request_id) is e for e in self._unposted)
+
+    @property
+    def num_cancelling(self) -> int:
+        """Cancelled transfers whose staging UCX still holds (a receive matched, not done)."""
+        self._reap()
+        with self._lock:
+            return len(self._cancelled)
 
     def expect(self, request_id: str, block_ids: list[int], layout: KVLayout) -> TransferDescriptor:
         check_layout(self.cache.layout, layout)
@@ -129,31 +166,65 @@ class KVReceiver:
         descriptor = TransferDescriptor(
             request_id, self.address(), ids, layout, token, self.num_pieces
         )
+        entry = _Incoming(descriptor, staging_nbytes(layout, len(ids), self.num_pieces))
         with self._lock:
             if request_id in self._incoming:
                 raise ValueError(f"request_id: {request_id!r} is already expected")
-            device = self._runtime.config.staging.device_for(self.cache)
-            staging = self._pool.acquire(layout, len(ids), self.num_pieces, device)
-            self._runtime.refill_futures()  # one future per receive, made on the loop thread
-            requests = [
-                self._runtime.worker.tag_recv(
-                    ucx_buffer(piece.raw), ucx_api.UCXXTag(piece_tag(token, index))
-                )
-                for index, piece in enumerate(staging.pieces)
-            ]
-            for request in requests:
-                # A request's Python future fails when the peer dies mid-transfer; `_land` reads
-                # that error from the request itself, so this only retrieves it (else asyncio
-                # logs "Future exception was never retrieved" for every failed piece).
-                self._runtime.submit(settle(request))
-            self._incoming[request_id] = _Incoming(descriptor, staging, requests)
+            self._incoming[request_id] = entry
+            self._unposted.append(entry)
+            self._post_what_fits()
         return descriptor
+
+    def _post_what_fits(self) -> None:
+        """Posts the receives of waiting transfers, in arrival order, while their staging fits
+        the limit (one at a time always fits, whatever its size). Lock held."""
+        while self._unposted:
+            entry = self._unposted[0]
+            if self._incoming.get(entry.descriptor.request_id) is not entry:
+                self._unposted.popleft()  # cancelled while it waited
+                continue
+            limit = self._staging_limit
+            over = limit is not None and self._staging_held + entry.staging_nbytes > limit
+            if over and self._staging_held:  # alone, a transfer goes whatever its size
+                return
+            self._unposted.popleft()
+            self._post(entry)
+
+    def _post(self, entry: _Incoming) -> None:
+        descriptor = entry.descriptor
+        device = self._runtime.config.staging.device_for(self.cache)
+        staging = self._pool.acquire(
+            descriptor.layout, len(descriptor.block_ids), self.num_pieces, device
+        )
+        self._runtime.refill_futures()  # one future per receive, made on the loop thread
+        entry.requests = [
+            self._runtime.worker.tag_recv(
+                ucx_buffer(piece.raw), ucx_api.UCXXTag(piece_tag(descriptor.token, index))
+            )
+            for index, piece in enumerate(staging.pieces)
+        ]
+        for request in entry.requests:
+            # A request's Python future fails when the peer dies mid-transfer; `_land` reads
+            # that error from the request itself, so this only retrieves it (else asyncio
+            # logs "Future exception was never retrieved" for every failed piece).
+            self._runtime.submit(settle(request))
+        entry.staging = staging
+        self._staging_held += entry.staging_nbytes
+
+    def _give_back(self, entry: _Incoming, staging: Staging | None) -> None:
+        """An entry's staging leaves the transfers (to the pool, or let go when None); lock
+        held. Its bytes no longer count: a waiting transfer may fit now."""
+        if staging is not None:
+            self._pool.release(staging)
+        self._staging_held -= entry.staging_nbytes
+        self._post_what_fits()
 
     def poll(self, request_id: str) -> TransferState:
         """PENDING, DONE (KV is in the reserved blocks) or FAILED; never blocks on the network."""
+        self._reap()
         with self._lock:
             entry = self._entry(request_id)
-            if entry.state is TransferState.PENDING:
+            if entry.state is TransferState.PENDING and entry.posted:
                 self._land(entry)
             return entry.state
 
@@ -163,31 +234,55 @@ class KVReceiver:
             return self._entry(request_id).error
 
     def cancel(self, request_id: str) -> None:
-        """Forgets the request, whatever its state. Every pending receive is completed (by a
-        message to ourselves) before this returns, so no later message can match it."""
+        """Forgets the request, whatever its state, without waiting: every pending receive is
+        sent its completing message to ourselves, so no later message can match it; its staging
+        buffer returns to the pool once UCX is done with it (`_reap`)."""
         with self._lock:
             entry = self._incoming.pop(request_id, None)
         if entry is None or entry.staging is None:
             return
         token = entry.descriptor.token
-        pills = [
+        pills = tuple(
             self._self_endpoint.tag_send(
                 Array(np.zeros(1, dtype=np.uint8)), ucx_api.UCXXTag(piece_tag(token, index))
             )
             for index, request in enumerate(entry.requests)
             if not request.completed
-        ]
-        deadline = time.monotonic() + CANCEL_TIMEOUT_S
-        while time.monotonic() < deadline and not (
-            entry.settled and all(pill.completed for pill in pills)
-        ):
-            time.sleep(CANCEL_POLL_S)
-        if entry.settled:
-            self._pool.release(entry.staging)  # else UCX may still write it: let it go
+        )
+        with self._lock:
+            self._cancelled.append(_Cancelled(entry, pills, time.monotonic() + CANCEL_TIMEOUT_S))
+        self._reap()
+
+    def _reap(self) -> None:
+        """Returns the staging of cancelled transfers that UCX is done with; one still written
+        past its deadline is let go (never reused: UCX may still write it)."""
+        now = time.monotonic()
+        with self._lock:
+            waiting = []
+            for cancelled in self._cancelled:
+                entry = cancelled.entry
+                if entry.settled and all(pill.completed for pill in cancelled.pills):
+                    self._give_back(entry, entry.staging)
+                elif now > cancelled.deadline:
+                    log.warning(
+                        "KV transfer for %r: a cancelled receive was still in progress after "
+                        "%.0f s; its staging buffer is let go",
+                        entry.descriptor.request_id,
+                        CANCEL_TIMEOUT_S,
+                    )
+                    self._give_back(entry, None)
+                else:
+                    waiting.append(cancelled)
+            self._cancelled = waiting
 
     def close(self) -> None:
+        """Cancels every expected transfer and waits (up to CANCEL_TIMEOUT_S) for UCX to let go
+        of their buffers before the endpoint and the runtime close."""
         for request_id in list(self._incoming):
             self.cancel(request_id)
+        deadline = time.monotonic() + CANCEL_TIMEOUT_S
+        while self.num_cancelling and time.monotonic() < deadline:
+            time.sleep(CANCEL_POLL_S)
         self._runtime.call(close_endpoint(self._self_endpoint))
         self._runtime.close()
 
@@ -232,4 +327,4 @@ class KVReceiver:
             entry.state, entry.staging = TransferState.DONE, None
             self.bytes_received += staging.payload_nbytes
             self.seconds += time.perf_counter() - entry.started
-            self._pool.release(staging)
+            self._give_back(entry, staging)

@@ -11,6 +11,11 @@ request, and their reservations on healthy decode workers expired behind it.
 So each connect runs on a daemon thread of its own, and the caller gets a future: done at once
 for a peer already connected, and bounded by whoever awaits it. A connect that failed is forgotten,
 so the next transfer tries again; one still pending is shared by every transfer to that peer.
+
+A send that times out (its receiver cancelled it, or stalls) can only be released by closing its
+endpoint (ucxx has no per-request cancel), which would fail every other transfer to that peer on
+it. So the endpoint is retired instead: forgotten here (new transfers connect afresh) and closed
+once the sends still on it have settled; the timeout fails its own request only.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class Endpoints:
         self._runtime = runtime
         self._lock = threading.Lock()
         self._connections: dict[bytes, Connection] = {}
+        self._in_flight: dict[ucx_api.UCXEndpoint, int] = {}  # sends posted and not settled
+        self._retired: set[ucx_api.UCXEndpoint] = set()  # closed once none is in flight
 
     def connection(self, peer: bytes) -> Connection:
         """The endpoint to `peer`, connecting if there is none (never blocks)."""
@@ -61,23 +68,52 @@ class Endpoints:
             return
         connection.set_result(endpoint)
 
-    def drop(self, peer: bytes) -> ucx_api.UCXEndpoint | None:
-        """Forgets `peer`'s endpoint after a failed send; the endpoint to close, if it had
-        connected (a connect still pending is kept: the transfers waiting on it time out)."""
+    def posted(self, endpoint: ucx_api.UCXEndpoint) -> None:
+        """Counts a send posted on `endpoint` (any thread)."""
         with self._lock:
-            connection = self._connections.get(peer)
-            if connection is None or not connection.done():
-                return None
-            del self._connections[peer]
-        return None if connection.exception() is not None else connection.result()
+            self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+
+    def settled(self, endpoint: ucx_api.UCXEndpoint) -> bool:
+        """Counts a send on `endpoint` done, failed or given up; whether the endpoint is now
+        retired with nothing in flight: the caller closes it."""
+        with self._lock:
+            if endpoint not in self._in_flight:  # the sender closed meanwhile (`take_all`)
+                return False
+            left = self._in_flight[endpoint] - 1
+            if left:
+                self._in_flight[endpoint] = left
+                return False
+            del self._in_flight[endpoint]
+            if endpoint not in self._retired:
+                return False
+            self._retired.discard(endpoint)
+            return True
+
+    def retire(self, peer: bytes, endpoint: ucx_api.UCXEndpoint) -> None:
+        """Forgets `endpoint` after a send on it failed or timed out (the next transfer to
+        `peer` connects afresh); it is closed once its last send in flight settles."""
+        with self._lock:
+            if _connected_to(self._connections.get(peer)) is endpoint:
+                del self._connections[peer]
+            self._retired.add(endpoint)
 
     def take_all(self) -> list[ucx_api.UCXEndpoint]:
-        """Every connected endpoint, forgotten here (closing the sender)."""
+        """Every connected or retired endpoint, forgotten here (closing the sender)."""
         with self._lock:
             connections, self._connections = list(self._connections.values()), {}
-        return [c.result() for c in connections if c.done() and c.exception() is None]
+            retired, self._retired = list(self._retired), set()
+            self._in_flight.clear()
+        live = [endpoint for c in connections if (endpoint := _connected_to(c)) is not None]
+        return live + retired
 
     def _forget(self, peer: bytes, connection: Connection) -> None:
         with self._lock:
             if self._connections.get(peer) is connection:
                 del self._connections[peer]
+
+
+def _connected_to(connection: Connection | None) -> ucx_api.UCXEndpoint | None:
+    """The endpoint of a connection that has connected, else None (pending, failed, none)."""
+    if connection is None or not connection.done() or connection.exception() is not None:
+        return None
+    return connection.result()

@@ -59,6 +59,10 @@ class UcxConfig:
         answer stalled every transfer of the worker for two minutes; 2 gives up after 7 s and
         still survives a lost SYN. `options` may set `TCP_SYN_CNT` itself.
     staging_pool_bytes: idle staging memory kept for reuse (see `StagingPool`).
+    staging_limit_bytes: staging memory a receiver holds at once for transfers under way; an
+        expected transfer past it posts its receives once earlier ones have landed (its sender
+        waits meanwhile, within its send timeout). None: no limit (the workers' flag,
+        `--kv-staging-limit-mb`, sets one by default).
     progress_polling: UCX's progress thread spins instead of sleeping in epoll: lower latency per
         rendezvous step, one busy core per worker. Off by default (see docs/transfer.md).
     staging: where staging buffers live (`StagingPlace`): host memory (default, any UCX build),
@@ -70,6 +74,7 @@ class UcxConfig:
     send_timeout_s: float = 30.0
     tcp_syn_retries: int | None = 2
     staging_pool_bytes: int = 256 * 2**20
+    staging_limit_bytes: int | None = None
     progress_polling: bool = False
     staging: StagingPlace = StagingPlace.HOST
 
@@ -80,6 +85,10 @@ class UcxConfig:
             raise ValueError(f"tcp_syn_retries: must be >= 1, got {self.tcp_syn_retries}")
         if self.staging_pool_bytes < 0:
             raise ValueError(f"staging_pool_bytes: must be >= 0, got {self.staging_pool_bytes}")
+        if self.staging_limit_bytes is not None and self.staging_limit_bytes <= 0:
+            raise ValueError(
+                f"staging_limit_bytes: must be > 0 (or None), got {self.staging_limit_bytes}"
+            )
 
 
 class UcxRuntime:

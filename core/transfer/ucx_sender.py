@@ -79,32 +79,49 @@ class KVSender(SendCounters):
             ) from None
         except ucx_api.UCXError as error:
             raise TransferError(f"peer_address: cannot connect to it: {error!r}") from error
+        request = self.post(endpoint, buffer, tag)
+        await self.completion(descriptor, endpoint, request)
+
+    def post(
+        self, endpoint: ucx_api.UCXEndpoint, buffer: Array, tag: ucx_api.UCXXTag
+    ) -> ucx_api.UCXRequest:
+        """Posts one tagged send (any thread), counted in flight on its endpoint."""
         try:
             request = endpoint.tag_send(buffer, tag)
         except ucx_api.UCXError as error:
             raise TransferError(f"peer_address: cannot send to it: {error!r}") from error
-        await self.completion(descriptor, request)
+        self.endpoints.posted(endpoint)
+        return request
 
-    async def completion(self, descriptor: TransferDescriptor, request: ucx_api.UCXRequest) -> None:
-        """Waits for one posted send; a timeout or an error closes the endpoint and raises."""
+    async def completion(
+        self,
+        descriptor: TransferDescriptor,
+        endpoint: ucx_api.UCXEndpoint,
+        request: ucx_api.UCXRequest,
+    ) -> None:
+        """Waits for one posted send; after a timeout or an error the endpoint is retired
+        (`Endpoints.retire`: the other transfers on it go on) and this one raises."""
         waiter = asyncio.ensure_future(request.wait())
         waiter.add_done_callback(_consume_exception)
         timeout = self.runtime.config.send_timeout_s
         done, _ = await asyncio.wait({waiter}, timeout=timeout)
+        failed = not done or waiter.exception() is not None
+        if failed:
+            self.endpoints.retire(descriptor.peer_address, endpoint)
+        if self.endpoints.settled(endpoint):
+            # Only closing it releases a send nobody receives (ucxx has no cancel).
+            await close_endpoint(endpoint)
         if not done:
-            # Only closing the endpoint releases a send nobody receives (ucxx has no cancel).
-            await self._drop_endpoint(descriptor.peer_address)
-            raise TransferTimeoutError(
+            raise SendAbandonedError(
                 f"request {descriptor.request_id!r}: decode took no bytes within {timeout} s"
             )
-        if waiter.exception() is not None:
-            await self._drop_endpoint(descriptor.peer_address)
+        if failed:
             raise TransferError(f"request {descriptor.request_id!r}: {waiter.exception()!r}")
 
-    async def _drop_endpoint(self, peer: bytes) -> None:
-        endpoint = self.endpoints.drop(peer)
-        if endpoint is not None:
-            await close_endpoint(endpoint)
+
+class SendAbandonedError(TransferTimeoutError):
+    """A posted send that its receiver did not take in time: given up, but still posted on its
+    (retired) endpoint until that closes."""
 
 
 class PieceSend(PieceSendBase):
@@ -133,12 +150,13 @@ class PieceSend(PieceSendBase):
             waiting = sender.send_when_connected(descriptor, connection, buffer, tag)
             self._sends.append(sender.runtime.submit(waiting))
             return
+        endpoint = connection.result()
         try:
-            request = connection.result().tag_send(ucx_buffer(target.raw), tag)
-        except ucx_api.UCXError as error:
-            self._errors.append(TransferError(f"peer_address: cannot send to it: {error!r}"))
+            request = sender.post(endpoint, ucx_buffer(target.raw), tag)
+        except TransferError as error:
+            self._errors.append(error)
             return
-        self._sends.append(sender.runtime.submit(sender.completion(descriptor, request)))
+        self._sends.append(sender.runtime.submit(sender.completion(descriptor, endpoint, request)))
 
     def done(self) -> concurrent.futures.Future[SendResult]:
         self._note_missing_pieces()
@@ -148,7 +166,10 @@ class PieceSend(PieceSendBase):
         outcomes = await asyncio.gather(
             *(asyncio.wrap_future(send) for send in self._sends), return_exceptions=True
         )
-        self._sender.pool.release(self._staging)  # every send settled: UCX is done with it
+        if not any(isinstance(outcome, SendAbandonedError) for outcome in outcomes):
+            self._sender.pool.release(self._staging)  # every send settled: UCX is done with it
+        # else a send given up is still posted on its retired endpoint until that closes: the
+        # buffer is let go, never reused.
         failures = [o for o in outcomes if isinstance(o, BaseException)] + self._errors
         if failures:
             raise failures[0]

@@ -102,7 +102,7 @@ def test_a_wrong_token_piece_never_lands_and_the_right_one_does(
     descriptor = decode.call("expect", "forged", DST_BLOCKS, LAYOUT)
     forged = dataclasses.replace(descriptor, token=bytes(16))
     prefill.call("push", descriptor, SRC_BLOCKS, [0, 2])
-    assert "TransferTimeoutError" in prefill.call("push", forged, SRC_BLOCKS, [1])
+    assert "SendAbandonedError" in prefill.call("push", forged, SRC_BLOCKS, [1])
     assert decode.call("poll", "forged") == "pending"
     assert _same(decode.call("cache")[1], before[1])  # layer 1 = piece 1: untouched
 

@@ -55,6 +55,7 @@ class Peer:
         staging: str = "host",
         pod: Pod | None = None,
         send_timeout_s: float = SEND_TIMEOUT_S,
+        staging_limit_bytes: int | None = None,
     ) -> None:
         """`pod`: the peer runs in that network namespace, over its pod link, with endpoint
         error handling on, as the tiers run across pods."""
@@ -66,7 +67,7 @@ class Peer:
             "UCXPY_ENABLE_PYTHON_FUTURE": "1",
             "UCX_WARN_UNUSED_ENV_VARS": "n",
         }
-        config = (num_pieces, device, staging, pod is not None, send_timeout_s)
+        config = (num_pieces, device, staging, pod is not None, send_timeout_s, staging_limit_bytes)
         args = (child, role, env, layout, num_blocks, config)
         self.process = context.Process(target=run_peer, args=args, daemon=True)
         self._wrapper_dir = None if pod is None else Path(tempfile.mkdtemp(prefix="pdserve-peer-"))
@@ -123,9 +124,9 @@ def run_peer(
     env: dict[str, str],
     layout: KVLayout,
     num_blocks: int,
-    config_args: tuple[int, str, str, bool, float],
+    config_args: tuple[int, str, str, bool, float, int | None],
 ) -> None:
-    num_pieces, device, staging, error_handling, send_timeout_s = config_args
+    num_pieces, device, staging, error_handling, send_timeout_s, staging_limit = config_args
     os.environ.update(env)
     import torch
 
@@ -142,6 +143,7 @@ def run_peer(
         endpoint_error_handling=error_handling,
         send_timeout_s=send_timeout_s,
         staging=StagingPlace(staging),
+        staging_limit_bytes=staging_limit,
     )
     peer: KVReceiver | KVSender = (
         KVReceiver(cache, config, num_pieces) if role == "decode" else KVSender(config)
@@ -218,6 +220,49 @@ def _send_and_die(peer: Any, cache: Any, descriptor: Any, src: list[int], after_
     os._exit(1)
 
 
+def _send_then_stall(
+    peer: Any, cache: Any, descriptor: Any, src: list[int], after_s: float
+) -> None:
+    """Posts the send and returns; `after_s` later this process stops (SIGSTOP) mid-transfer, as
+    a prefill pod whose node froze would: its receiver's matched receive makes no progress."""
+    import signal
+    import threading
+
+    from pdserve.core.transfer.interface import send_whole
+
+    send_whole(peer, descriptor, cache, src, len(src) * descriptor.layout.block_size)
+    threading.Timer(after_s, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+
+
+def _send_staggered(
+    peer: Any, cache: Any, transfers: list[tuple[Any, list[int], float]]
+) -> list[str]:
+    """Sends each transfer at its start (seconds from now), then each one's "ok" or error."""
+    from pdserve.core.transfer.interface import send_whole
+
+    started = time.monotonic()
+    sendings = []
+    for descriptor, src, start_s in transfers:
+        time.sleep(max(0.0, started + start_s - time.monotonic()))
+        num_tokens = len(src) * descriptor.layout.block_size
+        sendings.append(send_whole(peer, descriptor, cache, src, num_tokens))
+    outcomes = []
+    for sending in sendings:
+        try:
+            sending.result(timeout=CALL_TIMEOUT_S)
+            outcomes.append("ok")
+        except Exception as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+    return outcomes
+
+
+def _timed_cancel(peer: Any, cache: Any, request_id: str) -> float:
+    """Seconds `cancel` took, timed where it runs (no pipe in between)."""
+    started = time.perf_counter()
+    peer.cancel(request_id)
+    return time.perf_counter() - started
+
+
 def _send_all(peer: Any, cache: Any, transfers: list[tuple[Any, list[int]]]) -> Any:
     """Pushes every transfer before waiting for any; (seconds the pushes took, then each
     transfer's "ok" or error and the seconds from the first push until it settled)."""
@@ -258,6 +303,11 @@ def _collect_garbage(peer: Any, cache: Any) -> int:
 
 _COMMANDS: dict[str, Any] = {
     "send_and_die": _send_and_die,
+    "send_then_stall": _send_then_stall,
+    "send_staggered": _send_staggered,
+    "timed_cancel": _timed_cancel,
+    "cancelling": lambda peer, cache: peer.num_cancelling,
+    "waiting_for_staging": lambda peer, cache: peer.num_waiting_for_staging,
     "gc": _collect_garbage,
     "expect": lambda peer, cache, *a: peer.expect(*a),
     "poll": lambda peer, cache, rid: peer.poll(rid).value,
