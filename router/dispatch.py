@@ -28,7 +28,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -38,6 +38,7 @@ from pdserve.router.aborts import Aborts
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RelayMode, RouterConfig
 from pdserve.router.decode_mux import DecodeMultiplexer, MuxRun
+from pdserve.router.direct_calls import DirectCalls, DirectRun
 from pdserve.router.errors import RouterError
 from pdserve.router.live_migration import LiveMigration, StreamSuspended
 from pdserve.router.placement.adaptive import place_adaptive
@@ -57,10 +58,9 @@ from pdserve.v1 import common_pb2, decode_pb2
 if TYPE_CHECKING:
     from pdserve.v1.decode_pb2_grpc import DecodeAsyncStub
 
-DecodeCall = grpc.aio.UnaryStreamCall[Any, decode_pb2.TokenDelta]  # Generate or GenerateLocal
 # A request's deltas from decode: its own call (--relay per-request), or its share of the
 # worker's Multiplex stream; both iterate deltas, raise AioRpcError, and cancel().
-DecodeRun = DecodeCall | MuxRun
+DecodeRun = DirectRun | MuxRun
 StartCall = Callable[[], DecodeRun]
 # Finishes that say how long a stream runs (an abort says nothing of it).
 ENDED_BY_ITSELF = frozenset({common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH})
@@ -88,7 +88,8 @@ class Dispatcher:
         self.roles = Roles(registry)
         self.live = LiveMigration(registry, self.aborts)
         self.multiplexer = DecodeMultiplexer()
-        registry.decode.on_stalled = self.multiplexer.lose  # a wedged engine's streams move
+        self.direct = DirectCalls()
+        registry.decode.on_stalled = self._lose  # a wedged engine's streams move
         # How long streams ran (those that ended by themselves): adaptive placement prices a
         # request's decode by the forecast, not by its max_tokens alone.
         self.output_lengths = OutputLengths()
@@ -253,7 +254,9 @@ class Dispatcher:
         if self.config.relay is RelayMode.MULTIPLEXED:
             command = decode_pb2.MultiplexCommand(generate_local=message)
             return decode, self._multiplexed(decode, command, request.request_id, deadline)
-        return decode, lambda: decode.stub.GenerateLocal(message, timeout=deadline.remaining())
+        return decode, lambda: self.direct.start(
+            decode, lambda: decode.stub.GenerateLocal(message, timeout=deadline.remaining())
+        )
 
     async def _remote(
         self,
@@ -279,7 +282,14 @@ class Dispatcher:
         if self.config.relay is RelayMode.MULTIPLEXED:
             command = decode_pb2.MultiplexCommand(generate=message)
             return self._multiplexed(decode, command, message.request_id, deadline)
-        return lambda: decode.stub.Generate(message, timeout=deadline.remaining())
+        return lambda: self.direct.start(
+            decode, lambda: decode.stub.Generate(message, timeout=deadline.remaining())
+        )
+
+    def _lose(self, worker: Worker[DecodeAsyncStub]) -> None:
+        """Fails every request on a wedged decode worker over, on either relay."""
+        self.multiplexer.lose(worker)
+        self.direct.lose(worker)
 
     def _multiplexed(
         self,

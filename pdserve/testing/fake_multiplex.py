@@ -24,20 +24,25 @@ Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 def planned_deltas(
-    first_token_id: int, work: common_pb2.WorkRequest
+    first_token_id: int, work: common_pb2.WorkRequest, live_migration: bool = False
 ) -> list[decode_pb2.TokenDelta]:
-    """A request's deltas, one token each: `first_token_id, 1, 2, ...` up to max_tokens."""
+    """A request's deltas, one token each: `first_token_id, 1, 2, ...` up to max_tokens. After a
+    live migration the count goes on instead: `first_token_id` was streamed by the source (it
+    comes with Generate), so the deltas are the positions after it."""
     resumed = len(work.resumed_output_token_ids)  # a migration's
     max_tokens = work.sampling.max_tokens or 16
-    tokens = [first_token_id, *range(1, max_tokens - resumed)]
+    if live_migration:
+        tokens, before = list(range(resumed + 1, max_tokens)), resumed + 1
+    else:
+        tokens, before = [first_token_id, *range(1, max_tokens - resumed)], resumed
     deltas = [
         decode_pb2.TokenDelta(request_id=work.request_id, token_ids=[token], text=f"<{token}>")
         for token in tokens
-    ]
+    ] or [decode_pb2.TokenDelta(request_id=work.request_id)]
     last = deltas[-1]
     last.finish_reason = common_pb2.FINISH_REASON_LENGTH
     last.usage.prompt_tokens = len(work.prompt_token_ids)
-    last.usage.completion_tokens = resumed + len(tokens)
+    last.usage.completion_tokens = before + len(tokens)
     last.timings.decode_seconds = 0.004
     return deltas
 
@@ -56,6 +61,7 @@ class FakeMultiplex:
         self.sent: dict[str, int] = {}  # tokens made per run
         self.made: list[decode_pb2.TokenDelta] = []  # made by steps (or failed starts), unsent
         self.lost = False  # a step reached lost_after_tokens: the stream breaks
+        self.suspending: set[str] = set()  # runs whose next step ends them `suspended`
         self.starting: dict[str, asyncio.Task[None]] = {}  # local starts waiting out the delay
         self.wake = asyncio.Event()  # for the stream: a run started or a delta was made
         self.has_runs = asyncio.Event()  # for the engine
@@ -112,13 +118,30 @@ class FakeMultiplex:
             self.wake.set()
             await asyncio.sleep(pause)
 
+    def suspend(self, request_id: str) -> bool:
+        """Whether the request runs here; if so its next step ends it `suspended`."""
+        if request_id not in self.runs:
+            return False
+        self.suspending.add(request_id)
+        return True
+
     def _step(self) -> None:
+        knobs = self.decode.knobs
         for request_id, deltas in list(self.runs.items()):
+            if request_id in self.suspending:
+                self.suspending.discard(request_id)
+                self.made.append(decode_pb2.TokenDelta(request_id=request_id, suspended=True))
+                self._forget(request_id)
+                continue
             index = self.sent[request_id]
-            if index == self.decode.knobs.lost_after_tokens:
+            if index == knobs.lost_after_tokens:
                 self.lost = True
                 return
-            self.made.append(deltas[index])
+            delta = deltas[index]
+            delta.draining = knobs.draining_after_tokens is not None and (
+                index >= knobs.draining_after_tokens
+            )
+            self.made.append(delta)
             self.sent[request_id] = index + 1
             if index + 1 == len(deltas):
                 self._forget(request_id)
@@ -157,9 +180,9 @@ class FakeMultiplex:
                 request.request_id, grpc.StatusCode.NOT_FOUND, "request_id: no such reservation"
             )
             return
-        self._run(
-            request.request_id, planned_deltas(request.first_token_id, reservation.request.request)
-        )
+        reserved = reservation.request
+        deltas = planned_deltas(request.first_token_id, reserved.request, reserved.live_migration)
+        self._run(request.request_id, deltas)
 
     async def _generate_local(self, request: decode_pb2.GenerateLocalRequest) -> None:
         """As GenerateLocal: the knobs' failures and delay come before its first token."""

@@ -53,6 +53,12 @@ class Knobs:
     # them in the same event loop, and its coalescing would merge tokens a test expects one by
     # one. 0: a step only once the last one has been sent (paced by the router alone).
     step_seconds: float = 0.005
+    # Live migration: from this many tokens on, each Multiplex delta says the worker drains (as
+    # one that got SIGTERM: the router then suspends and moves the stream, live_migration.py).
+    draining_after_tokens: int | None = None
+    # Decode.Migrate (pushing a suspended request's KV) fails with this, after `migrate_seconds`.
+    migrate_failure: Failure | None = None
+    migrate_seconds: float = 0.0
 
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
@@ -100,6 +106,8 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
         self.cancelled: list[str] = []
         self.multiplex_calls = 0
         self.largest_step = 0  # the most deltas one Multiplex message carried
+        self.streams: set[FakeMultiplex] = set()  # the Multiplex streams open now
+        self.migrated: list[str] = []  # requests whose (fake) KV a Migrate pushed out
 
     async def Reserve(
         self, request: decode_pb2.ReserveRequest, context: Context
@@ -169,9 +177,14 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
         self, request_iterator: AsyncIterator[decode_pb2.MultiplexCommand], context: Context
     ) -> AsyncIterator[decode_pb2.DecodeStep]:
         self.multiplex_calls += 1
-        async for step in FakeMultiplex(self, context).serve(request_iterator):
-            self.largest_step = max(self.largest_step, len(step.deltas))
-            yield step
+        stream = FakeMultiplex(self, context)
+        self.streams.add(stream)
+        try:
+            async for step in stream.serve(request_iterator):
+                self.largest_step = max(self.largest_step, len(step.deltas))
+                yield step
+        finally:
+            self.streams.discard(stream)
 
     async def Release(
         self, request: decode_pb2.ReleaseRequest, context: Context
@@ -194,14 +207,22 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):  # type: ignore[misc, unused-i
     async def Suspend(
         self, request: decode_pb2.SuspendRequest, context: Context
     ) -> decode_pb2.SuspendResponse:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fake: never drains")
-        raise AssertionError("unreachable: abort raises")
+        """Multiplex runs only: the run's next step ends it with a `suspended` delta."""
+        if not any(stream.suspend(request.request_id) for stream in self.streams):
+            await context.abort(grpc.StatusCode.NOT_FOUND, "request_id: not running here")
+        return decode_pb2.SuspendResponse()
 
     async def Migrate(
         self, request: decode_pb2.MigrateRequest, context: Context
     ) -> decode_pb2.MigrateResponse:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "fake: never drains")
-        raise AssertionError("unreachable: abort raises")
+        """Pushes nothing (no KV here) but keeps the contract: the destination must be a
+        live-migration reservation; `migrate_seconds` and `migrate_failure` (Knobs) apply."""
+        await asyncio.sleep(self.knobs.migrate_seconds)
+        failure = self.knobs.migrate_failure
+        if failure is not None:
+            await context.abort(failure.code, failure.message)
+        self.migrated.append(request.request_id)
+        return decode_pb2.MigrateResponse()
 
 
 async def _fail_or_wait(knobs: Knobs, context: Context, cancelled: list[str], key: str) -> None:

@@ -24,7 +24,8 @@ prompt tokens queued) with the same step arithmetic the workers' SLO budgets use
 
 Each worker's steps are priced by the profile as corrected by that worker's measured steps (its
 Load reports them, costmodel/correction.py): a profile from another host, or a worker slower
-than its peers, is priced at what its steps take here.
+than its peers, is priced at what its steps take here. A worker that has not stepped yet is
+priced by its peers' measured steps.
 
 The cheapest option wins; exact ties go to the first in the order above (a short prompt on an
 idle decode worker stays there: no hand-off). The reason (`PlacementReason`, the members after
@@ -126,6 +127,7 @@ def place_adaptive(
 ) -> AdaptiveChoice:
     """The cheapest option for a prompt of `prompt_tokens` tokens expected to generate
     `output_tokens` (module docstring)."""
+    workers = _priced_by_peers(workers)
     options = _local_options(prompt_tokens, workers, costs)
     remote = _remote_options(prompt_tokens, workers, costs)
     options = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in options]
@@ -134,6 +136,17 @@ def place_adaptive(
         raise ValueError("workers: none can take the request")
     best = min([*options, *remote], key=lambda option: option.cost_s)  # first of equals
     return AdaptiveChoice(Placement(best.place, _reason(best, options, remote)), best)
+
+
+def _priced_by_peers(workers: Sequence[WorkerState]) -> list[WorkerState]:
+    """A worker that has not stepped yet (no measured windows) is priced by what its peers'
+    steps measured: the same model, and in one deployment the same host class. Priced by the
+    bare profile, a profile of another host would set it apart from every measured worker: an
+    idle prefill worker priced 1.5x slower than its measured decode peer was never lent."""
+    pooled = tuple(window for worker in workers for window in worker.step_windows)
+    if not pooled:
+        return list(workers)
+    return [w if w.step_windows else dataclasses.replace(w, step_windows=pooled) for w in workers]
 
 
 def _local_options(

@@ -15,6 +15,7 @@ from pdserve.core.serving.sampling_proto import sampling_to_proto
 from pdserve.core.structured.params import StructuredOutputsParams
 from pdserve.local.cluster import Cluster, Process
 from pdserve.v1 import common_pb2, decode_pb2_grpc, generation_pb2, prefill_pb2_grpc
+from tests.structured_cases import CASES, assert_follows
 from tests.structured_cases import MAX_TOKENS as STRUCTURED_MAX_TOKENS
 
 
@@ -137,3 +138,18 @@ async def generate_all(
     """Every request through the router at once; the replies in order."""
     async with GenerationClient.connect(cluster.router.address) as client:
         return list(await asyncio.gather(*(client.generate(r) for r in requests)))
+
+
+def assert_every_case_as_transformers(
+    cluster: Cluster, structured_prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """Each of tests/structured_cases.py's CASES, greedy under its constraint, all at once
+    through the router: transformers' tokens under the same mask, text that follows it."""
+    requests = [
+        structured_request(prompt, structured)
+        for prompt, (_, structured) in zip(structured_prompts, CASES, strict=True)
+    ]
+    replies = asyncio.run(generate_all(cluster, requests))
+    assert [list(reply.token_ids) for reply in replies] == reference
+    for reply, (_, structured) in zip(replies, CASES, strict=True):
+        assert_follows(reply.text, structured)

@@ -13,11 +13,10 @@ import pytest
 from ..structured_cases import CASES
 from .conftest import start_cluster
 from .helpers import (
-    generate_all,
+    assert_every_case_as_transformers,
     greedy_outputs,
     labelled_metric,
     metric,
-    structured_request,
     wait_all_blocks_free,
 )
 
@@ -62,12 +61,7 @@ def test_colocated_deployment_without_a_prefill_tier(
     cluster = start_cluster(model_dir, tmp_path / "logs", num_prefill=0, num_decode=2)
     try:
         assert asyncio.run(greedy_outputs(cluster, prompts, max_new_tokens)) == hf_greedy
-        constrained = [
-            structured_request(prompt, structured)
-            for prompt, (_, structured) in zip(structured_prompts, CASES, strict=True)
-        ]
-        replies = asyncio.run(generate_all(cluster, constrained))
-        assert [list(reply.token_ids) for reply in replies] == structured_reference
+        assert_every_case_as_transformers(cluster, structured_prompts, structured_reference)
         local = labelled_metric(
             cluster.router, PLACEMENTS, place="local", reason="no_prefill_worker"
         )

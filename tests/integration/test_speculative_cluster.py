@@ -18,14 +18,12 @@ import pytest
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.local.cluster import Cluster
 from tests.conftest import transformers_greedy
-from tests.structured_cases import CASES, assert_follows
 
 from .conftest import start_cluster
 from .helpers import (
-    generate_all,
+    assert_every_case_as_transformers,
     greedy_outputs,
     metric,
-    structured_request,
     wait_all_blocks_free,
 )
 
@@ -89,15 +87,7 @@ def test_constrained_drafts_give_transformers_tokens_under_the_mask(
     """Decode cuts each draft where the grammar refuses it and masks every verified row."""
     drafted = "pdserve_decode_spec_drafted_tokens"
     drafted_before = metric(spec_cluster.decode[0], drafted)
-    requests = [
-        structured_request(prompt, structured)
-        for prompt, (_, structured) in zip(structured_prompts, CASES, strict=True)
-    ]
-    replies = asyncio.run(generate_all(spec_cluster, requests))
-
-    assert [list(reply.token_ids) for reply in replies] == structured_reference
-    for reply, (_, structured) in zip(replies, CASES, strict=True):
-        assert_follows(reply.text, structured)
+    assert_every_case_as_transformers(spec_cluster, structured_prompts, structured_reference)
     assert metric(spec_cluster.decode[0], drafted) > drafted_before  # the record was drafted
     wait_all_blocks_free(spec_cluster)
 

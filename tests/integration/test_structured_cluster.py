@@ -30,7 +30,13 @@ from pdserve.local.cluster import Cluster
 from pdserve.v1 import generation_pb2
 from tests.structured_cases import CASES, MAX_TOKENS, PERSON, SHORT, assert_follows
 
-from .helpers import generate_all, metric, structured_request, wait_all_blocks_free
+from .helpers import (
+    assert_every_case_as_transformers,
+    generate_all,
+    metric,
+    structured_request,
+    wait_all_blocks_free,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,15 +81,7 @@ def test_greedy_through_the_split_equals_transformers_under_the_mask(
     structured_prompts: list[list[int]],
     structured_reference: list[list[int]],
 ) -> None:
-    requests = [
-        structured_request(prompt, structured)
-        for prompt, (_, structured) in zip(structured_prompts, CASES, strict=True)
-    ]
-    replies = asyncio.run(generate_all(cluster, requests))
-
-    assert [list(reply.token_ids) for reply in replies] == structured_reference
-    for reply, (_, structured) in zip(replies, CASES, strict=True):
-        assert_follows(reply.text, structured)
+    assert_every_case_as_transformers(cluster, structured_prompts, structured_reference)
     # Prefill masked every first token, decode the rest.
     masked = "pdserve_{}_structured_masked_rows_total"
     assert sum(metric(p, masked.format("prefill")) for p in cluster.prefill) >= len(CASES)

@@ -116,16 +116,29 @@ def test_no_worker_that_can_take_the_request_is_an_error() -> None:
         place_adaptive(10, 1, [], costs())
 
 
+def _measured(factor: float) -> StepWindow:
+    """Eight decode steps of 4 streams (400 tokens of context), each `factor` x the profile's."""
+    step = StepShape.decodes(4, 400)
+    seconds = 8 * factor * costs().profile.step_seconds(step)
+    return StepWindow(StepPhase.DECODE, 8, StepShape.decodes(32, 3200), seconds)
+
+
 def test_a_worker_whose_steps_run_slower_than_the_profile_is_priced_as_measured() -> None:
     """Two decode workers under the same load: the first of equals wins until the first one's
-    Load shows its decode steps taking 3x what the profile says (a slower or busier host)."""
-    profile = costs().profile
-    step = StepShape.decodes(4, 400)  # eight of them, each taking 3x the prediction
-    slow = StepWindow(
-        StepPhase.DECODE, 8, StepShape.decodes(32, 3200), 24 * profile.step_seconds(step)
-    )
+    Load shows its decode steps taking 3x what the profile says (a slower or busier worker)
+    while the second's take what it says."""
     first, second = decode(running=4, name="a"), decode(running=4, name="b")
     assert place_adaptive(50, 16, [first, second], costs()).option.decode.address == "a"
-    measured = dataclasses.replace(first, step_windows=(slow,))
-    choice = place_adaptive(50, 16, [measured, second], costs())
+    slow = dataclasses.replace(first, step_windows=(_measured(3.0),))
+    as_profiled = dataclasses.replace(second, step_windows=(_measured(1.0),))
+    choice = place_adaptive(50, 16, [slow, as_profiled], costs())
     assert choice.option.decode.address == "b"
+
+
+def test_a_worker_that_has_not_stepped_is_priced_by_its_peers_steps() -> None:
+    """Worker a measured its steps at half the profile's time (a faster host than the profile's);
+    b has not stepped yet and runs one stream fewer. Priced by the bare profile b would cost
+    twice its due and a would win; priced as its peer measured, the less loaded b wins."""
+    fast = dataclasses.replace(decode(running=4, name="a"), step_windows=(_measured(0.5),))
+    unmeasured = decode(running=3, name="b")
+    assert place_adaptive(50, 16, [fast, unmeasured], costs()).option.decode.address == "b"

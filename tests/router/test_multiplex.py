@@ -146,14 +146,16 @@ def test_a_stream_broken_with_any_code_migrates_every_request_on_it(router_stack
     asyncio.run(body())
 
 
-def test_a_wedged_decode_engine_fails_its_streams_over(router_stack: Any) -> None:
+@pytest.mark.parametrize("relay", list(RelayMode), ids=[mode.value for mode in RelayMode])
+def test_a_wedged_decode_engine_fails_its_streams_over(router_stack: Any, relay: RelayMode) -> None:
     """The decode worker answers Load but reports one engine step running past
     --engine-stall-seconds (its engine thread is stuck; its gRPC server is not, so keepalive
     never fires): the router gives it up and the streams on it continue on the other worker,
-    without repeats. Before, they waited for it for ever."""
+    without repeats, on either relay. Before, they waited for it for ever (the per-request
+    relay's until its own fix)."""
 
     async def body() -> None:
-        async with router_stack(num_decode=2, engine_stall_seconds=5.0) as stack:
+        async with router_stack(num_decode=2, engine_stall_seconds=5.0, relay=relay) as stack:
             wedged, other = stack.tiers.decode
             wedged.knobs.delay_seconds = 0.2  # a token every 0.2 s: still streaming when wedged
             other.knobs.load.num_waiting = 100  # the router starts the stream on the wedged one
