@@ -1,15 +1,25 @@
 """Session-wide fixtures: the real default model (prepared once into the user cache), prompts of
-many lengths and transformers' greedy outputs for them (the oracle every path must match), and
-strict mypy started in the background."""
+many lengths and transformers' greedy outputs for them (the oracle every path must match,
+tests/oracle.py), both the oracle and strict mypy computed in the background from the session's
+start."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+
+from tests.oracle import (
+    MAX_NEW_TOKENS,
+    OracleRun,
+    real_text_prompts,
+    shared_prefix_prompts,
+    start_oracle,
+    structured_chat_prompts,
+    transformers_greedy,
+)
 
 MYPY_TEST = "test_mypy_strict_is_clean"
 
@@ -38,17 +48,26 @@ def model_dir() -> Path:
     return resolve_model(None)
 
 
-PROMPT_LENGTHS = (1, 7, 16, 17, 63, 130, 250, 500)
-MAX_NEW_TOKENS = 24
+ORACLE_FIXTURES = frozenset({"hf_greedy", "shared_hf_greedy", "structured_reference"})
 
-_TEXT = (
-    "The history of computing is a story of people trying to make machines do arithmetic "
-    "faster than a clerk with pen and paper. Early mechanical calculators added and "
-    "multiplied with gears; punched cards later stored data and programs. In the middle of the "
-    "twentieth century, electronic computers replaced relays with vacuum tubes, and then with "
-    "transistors, which were smaller, cooler and far more reliable. Integrated circuits put "
-    "many transistors on one chip, and the microprocessor put a whole computer on one. "
-)
+
+@pytest.fixture(scope="session", autouse=True)
+def oracle(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OracleRun | None]:
+    """transformers' references (tests/oracle.py), computed in the background from the
+    session's start when a test of the session needs one."""
+    if not any(ORACLE_FIXTURES & set(item.fixturenames) for item in request.session.items):
+        yield None
+        return
+    run = start_oracle(tmp_path_factory.mktemp("oracle") / "references.json")
+    yield run
+    run.stop()
+
+
+def _reference(oracle: OracleRun | None, name: str) -> list[list[int]]:
+    assert oracle is not None, f"{name}: the session started no oracle (ORACLE_FIXTURES)"
+    return oracle.result(name)
 
 
 @pytest.fixture(scope="session")
@@ -61,39 +80,13 @@ def tokenizer(model_dir: Path) -> Any:
 @pytest.fixture(scope="session")
 def prompts(tokenizer: Any) -> list[list[int]]:
     """Real-text prompts of PROMPT_LENGTHS tokens (each starting at a different word)."""
-    ids: list[int] = tokenizer.encode(_TEXT * 12)
-    return [ids[3 * i : 3 * i + length] for i, length in enumerate(PROMPT_LENGTHS)]
+    return real_text_prompts(tokenizer)
 
 
 @pytest.fixture(scope="session")
-def hf_greedy(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+def hf_greedy(oracle: OracleRun | None) -> list[list[int]]:
     """transformers `generate(do_sample=False)` for every prompt, one at a time (no padding)."""
-    return transformers_greedy(model_dir, prompts, MAX_NEW_TOKENS)
-
-
-def transformers_greedy(
-    model_dir: Path,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    logits_processors: Callable[[int], list[Any]] | None = None,
-) -> list[list[int]]:
-    """`logits_processors(i)`: fresh logits processors for prompt i (one generate each)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    outputs = []
-    with torch.inference_mode():
-        for index, prompt in enumerate(prompts):
-            ids = torch.tensor([prompt])
-            generated = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                logits_processor=logits_processors(index) if logits_processors else None,
-            )
-            outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
+    return _reference(oracle, "hf_greedy")
 
 
 @pytest.fixture(scope="session")
@@ -102,28 +95,16 @@ def max_new_tokens() -> int:
     return MAX_NEW_TOKENS
 
 
-# Prompts that share leading tokens, for the prefix cache (tests/core/test_prefix_cache.py).
-SHARED_LENGTHS = (0, 9, 100)  # none, part of one 16-token block, six blocks and a bit
-TAIL_LENGTHS = (5, 23, 40)
-SHARED_MAX_TOKENS = 12
-
-
 @pytest.fixture(scope="session")
 def shared_prompts(prompts: list[list[int]]) -> list[list[int]]:
     """For each shared length, tails of TAIL_LENGTHS after the same leading tokens."""
-    source = prompts[-1]  # 500 tokens of real text
-    out = []
-    for shared in SHARED_LENGTHS:
-        for index, tail in enumerate(TAIL_LENGTHS):
-            start = 120 + 40 * index
-            out.append(source[:shared] + source[start : start + tail])
-    return out
+    return shared_prefix_prompts(prompts)
 
 
 @pytest.fixture(scope="session")
-def shared_hf_greedy(model_dir: Path, shared_prompts: list[list[int]]) -> list[list[int]]:
+def shared_hf_greedy(oracle: OracleRun | None) -> list[list[int]]:
     """transformers' greedy SHARED_MAX_TOKENS tokens for each of `shared_prompts`."""
-    return transformers_greedy(model_dir, shared_prompts, SHARED_MAX_TOKENS)
+    return _reference(oracle, "shared_hf_greedy")
 
 
 # A sliding-window model (pdserve/testing/window_model.py), built once per session: its window is
@@ -155,25 +136,11 @@ def window_hf_greedy(window_model_dir: Path, prompts: list[list[int]]) -> list[l
 @pytest.fixture(scope="session")
 def structured_prompts(tokenizer: Any) -> list[list[int]]:
     """A chat prompt for each of tests/structured_cases.py's CASES."""
-    from tests.structured_cases import CASES, chat_prompt
-
-    return [chat_prompt(tokenizer, question) for question, _ in CASES]
+    return structured_chat_prompts(tokenizer)
 
 
 @pytest.fixture(scope="session")
-def structured_reference(
-    model_dir: Path, tokenizer: Any, structured_prompts: list[list[int]]
-) -> list[list[int]]:
+def structured_reference(oracle: OracleRun | None) -> list[list[int]]:
     """transformers' greedy tokens for each case under llguidance's own mask calls, on the
     grammar the engine's compiler builds."""
-    from pdserve.core.model.config import load_model_config
-    from pdserve.core.structured.grammar import Grammars
-    from tests.structured_cases import CASES, MAX_TOKENS, GuidanceLogitsProcessor
-
-    config = load_model_config(model_dir)
-    grammars = Grammars(tokenizer, config.vocab_size, config.eos_token_ids)
-
-    def processors(index: int) -> list[Any]:
-        return [GuidanceLogitsProcessor(grammars.compiled(CASES[index][1]))]
-
-    return transformers_greedy(model_dir, structured_prompts, MAX_TOKENS, processors)
+    return _reference(oracle, "structured_reference")

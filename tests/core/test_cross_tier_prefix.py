@@ -17,8 +17,8 @@ from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
 from pdserve.core.transfer.interface import TransferDescriptor
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.prefill_service.engine import PrefillEngine
-from tests.conftest import SHARED_MAX_TOKENS
 from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
+from tests.oracle import SHARED_MAX_TOKENS
 
 pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
 

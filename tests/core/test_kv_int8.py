@@ -18,8 +18,8 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
-from tests.conftest import SHARED_MAX_TOKENS
 from tests.core.test_greedy_matches_hf import SCENARIOS, assert_engine_empty
+from tests.oracle import SHARED_MAX_TOKENS
 
 pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
 

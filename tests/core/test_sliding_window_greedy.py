@@ -19,8 +19,9 @@ from pdserve.core.kv.sliding_window import live_blocks, max_live_blocks
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.testing.window_model import QWEN2, build_window_model
-from tests.conftest import WINDOW, WINDOW_MAX_TOKENS, transformers_greedy
+from tests.conftest import WINDOW, WINDOW_MAX_TOKENS
 from tests.core.test_greedy_matches_hf import assert_engine_empty, assert_scenario_ran
+from tests.oracle import transformers_greedy
 
 SCENARIOS = {
     "roomy": EngineConfig(num_kv_blocks=256),

@@ -18,9 +18,10 @@ from pdserve.core.kv.sliding_window import first_live_block
 from pdserve.core.sampling_params import InvalidRequestError
 from pdserve.decode_service.engine import DecodeEngine
 from pdserve.prefill_service.engine import PrefillEngine
-from tests.conftest import SHARED_MAX_TOKENS, WINDOW
+from tests.conftest import WINDOW
 from tests.core.test_cross_tier_prefix import GREEDY, Tiers
 from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
+from tests.oracle import SHARED_MAX_TOKENS
 
 BLOCK = 16
 

@@ -18,9 +18,9 @@ from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.decode_service.engine import DecodeEngine, DecodeLimits
 from pdserve.prefill_service.engine import PrefillEngine
-from tests.conftest import SHARED_MAX_TOKENS
 from tests.core.test_greedy_matches_hf import SCENARIOS, assert_engine_empty, assert_scenario_ran
 from tests.fakes.local_transfer import LocalKVReceiver, LocalKVSender, LocalTransferHub
+from tests.oracle import SHARED_MAX_TOKENS
 
 pytestmark = pytest.mark.slow  # not in the edit-loop subset (README, Tests)
 

@@ -20,7 +20,7 @@ from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.kv.cache import KVLayout
 from pdserve.local.cluster import Cluster
-from tests.conftest import SHARED_MAX_TOKENS
+from tests.oracle import SHARED_MAX_TOKENS
 
 from .conftest import start_cluster
 from .helpers import cancel_while_sharing, metric, wait_all_blocks_free

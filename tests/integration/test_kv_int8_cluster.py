@@ -23,7 +23,7 @@ from pdserve.core.kv.cache import KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.sampling_params import SamplingParams as OfflineParams
 from pdserve.local.cluster import Cluster
-from tests.conftest import SHARED_MAX_TOKENS
+from tests.oracle import SHARED_MAX_TOKENS
 
 from .conftest import WORKER_ARGS, start_cluster
 from .helpers import cancel_stream_after, greedy_outputs, load, metric, wait_all_blocks_free

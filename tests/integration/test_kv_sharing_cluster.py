@@ -16,7 +16,7 @@ import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.local.cluster import Cluster
-from tests.conftest import SHARED_MAX_TOKENS
+from tests.oracle import SHARED_MAX_TOKENS
 
 from .conftest import start_cluster
 from .helpers import metric, wait_all_blocks_free

@@ -14,7 +14,7 @@ import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.local.cluster import Cluster
-from tests.conftest import SHARED_MAX_TOKENS
+from tests.oracle import SHARED_MAX_TOKENS
 
 from .helpers import cancel_while_sharing, metric, wait_all_blocks_free
 

@@ -17,7 +17,7 @@ import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.local.cluster import Cluster
-from tests.conftest import transformers_greedy
+from tests.oracle import transformers_greedy
 
 from .conftest import start_cluster
 from .helpers import (
