@@ -2,16 +2,15 @@
 
 The references most tests compare with (`hf_greedy`, `shared_hf_greedy`, `structured_reference`
 in tests/conftest.py) cost half a minute of transformers on 2 cores. They are computed by
-`start_oracle` in a process of its own from the session's start, at the lowest CPU priority, so
-they take what the tests leave idle (waits on streams, drains, timeouts), as strict mypy does,
-instead of holding up the first test that needs them. The process runs this module:
-`python -m tests.oracle OUT` writes the references to OUT as JSON.
+`start_oracle` in a process of its own from the session's start, at the lowest CPU priority
+(tests/background.py), so they take what the tests leave idle (waits on streams, drains,
+timeouts), as strict mypy does, instead of holding up the first test that needs them. The
+process runs this module: `python -m tests.oracle OUT` writes the references to OUT as JSON.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from tests.background import lowest_priority, raise_priority
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,6 +138,7 @@ class OracleRun:
     def result(self, name: str) -> list[list[int]]:
         """Waits for the process, then one reference by fixture name."""
         if self._loaded is None:
+            raise_priority(self.process.pid)  # a test waits for it now
             _, err = self.process.communicate()
             if self.process.returncode != 0:
                 raise RuntimeError(f"the oracle process failed:\n{err[-4000:]}")
@@ -156,13 +158,9 @@ def start_oracle(out: Path) -> OracleRun:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_lowest_priority,
+        preexec_fn=lowest_priority,
     )
     return OracleRun(process, out)
-
-
-def _lowest_priority() -> None:
-    os.nice(19)
 
 
 def main() -> None:

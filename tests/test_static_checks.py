@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.background import lowest_priority, raise_priority
+
 REPO = Path(__file__).resolve().parent.parent
 # pdserve.X -> folder, as pyproject's package-dir maps them (the root package `pdserve` aside).
 PACKAGE_DIRS = {
@@ -62,6 +64,7 @@ class MypyRun:
 
     def outcome(self) -> tuple[int, str]:
         """Waits for it: (exit status, what it printed)."""
+        raise_priority(self.process.pid)  # the test waits for it now
         out, err = self.process.communicate()
         return self.process.returncode, out[-8000:] + err[-2000:]
 
@@ -82,14 +85,10 @@ def start_mypy(tree_root: Path) -> MypyRun:
         text=True,
         env={**os.environ, "MYPYPATH": str(tree)},
         # Lowest CPU priority: it runs on what the tests leave idle (waits on streams, drains,
-        # timeouts) instead of slowing the tests that compute beside it.
-        preexec_fn=_lowest_priority,
+        # timeouts) instead of slowing the tests that compute beside it (tests/background.py).
+        preexec_fn=lowest_priority,
     )
     return MypyRun(process)
-
-
-def _lowest_priority() -> None:
-    os.nice(19)
 
 
 @pytest.mark.slow  # a minute of one core from a cold cache: not in the edit-loop subset

@@ -22,8 +22,8 @@ BIG = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype=
 NUM_BLOCKS = 64
 # When the sender stops after posting: too early and no receive is matched yet (the message to
 # ourselves completes it at once), too late and every byte arrived. Tried until one is under way
-# (here 0.02 s was, and the shorter ones were too early).
-STALL_AFTER_S = (0.02, 0.04, 0.01, 0.08, 0.005)
+# (here 0.02 s was, and the shorter ones were too early; a slower host may need the longer ones).
+STALL_AFTER_S = (0.02, 0.04, 0.01, 0.08, 0.005, 0.16, 0.3)
 CANCEL_RETURNS_WITHIN_S = 0.5  # UCX's own calls, not the network: milliseconds on any host
 LET_GO_MARGIN_S = 5.0  # a busy host's scheduling
 
