@@ -256,6 +256,8 @@ class KVReceiver:
     def _reap(self) -> None:
         """Returns the staging of cancelled transfers that UCX is done with; one still written
         past its deadline is let go (never reused: UCX may still write it)."""
+        if not self._cancelled:  # every poll calls this: no lock when nothing was cancelled
+            return
         now = time.monotonic()
         with self._lock:
             waiting = []
