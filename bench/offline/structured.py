@@ -33,13 +33,12 @@ import asyncio
 import functools
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import jsonschema
 import torch
@@ -47,6 +46,7 @@ import torch
 from pdserve.bench.arg_types import positive_int, positive_ints
 from pdserve.bench.offline import structured_router
 from pdserve.bench.offline.engines import BLOCK_SIZE, kv_blocks_needed
+from pdserve.bench.offline.structured_report import Row, report, summary
 from pdserve.bench.offline.structured_workload import SCHEMA_DIR, WORKLOAD_DIR
 from pdserve.bench.offline.workload import WorkloadError, WorkloadRequest, load_workload
 from pdserve.core.llm import LLM
@@ -73,22 +73,6 @@ class Timed:
     mask_seconds: float | None
     batch1_seconds: float | None = None  # decode time summed over requests run one at a time
     batch1_tokens: int = 0  # the tokens that time covers (each request's after its first)
-
-
-@dataclass(frozen=True)
-class Row:
-    mode: str
-    slots: int
-    repeat: int
-    tokens_per_s: float
-    ms_per_token_batch1: float | None
-    output_tokens: int
-    seconds: float
-    steps: int | None
-    mask_ms_per_step: float | None
-    valid: int | None  # None when free: nothing to check
-    truncated: int | None
-    invalid: int | None
 
 
 @dataclass(frozen=True)
@@ -183,11 +167,11 @@ def _measure(
             mode: _row(run_pass, workload, lengths, mode, slots, repeat, False) for mode in MODES
         }
         ratios.append(rows["json_schema"].tokens_per_s / rows["off"].tokens_per_s)
-        _report(rows.values(), setting, args.json, log)
-    _summary(slots, ratios, setting, args.json, log)
+        report(rows.values(), setting, args.json, log)
+    summary(slots, ratios, setting, args.json, log)
     if args.batch1:
         batch1 = {mode: _row(run_pass, workload, lengths, mode, 1, 0, True) for mode in MODES}
-        _report(batch1.values(), setting, args.json, log)
+        report(batch1.values(), setting, args.json, log)
 
 
 def load_structured(workload_path: Path, schema_dir: Path) -> list[StructuredRequest]:
@@ -376,49 +360,3 @@ def _check(outputs: list[Output], workload: list[StructuredRequest]) -> tuple[in
         except (ValueError, jsonschema.ValidationError):
             invalid += 1
     return valid, truncated, invalid
-
-
-def _report(rows: Any, conditions: dict[str, object], as_json: bool, log: TextIO) -> None:
-    for row in rows:
-        if as_json:
-            print(json.dumps(asdict(row) | conditions), flush=True)
-        print(_line(row), file=log, flush=True)
-
-
-def _summary(
-    slots: int, ratios: list[float], conditions: dict[str, object], as_json: bool, log: TextIO
-) -> None:
-    summary = {
-        "summary": "json_schema / off tokens_per_s",
-        "slots": slots,
-        "ratios": [round(ratio, 4) for ratio in ratios],
-        "min": round(min(ratios), 4),
-        "median": round(statistics.median(ratios), 4),
-        "max": round(max(ratios), 4),
-    }
-    if as_json:
-        print(json.dumps(summary | conditions), flush=True)
-    print(
-        f"slots={slots}: json_schema / off tokens/s median {summary['median']:.3f} "
-        f"(min {summary['min']:.3f}, max {summary['max']:.3f}, {len(ratios)} repeats)",
-        file=log,
-        flush=True,
-    )
-
-
-def _line(row: Row) -> str:
-    batch1 = f", {row.ms_per_token_batch1:.1f} ms/token decode" if row.ms_per_token_batch1 else ""
-    steps = (
-        f", {row.steps} steps, mask {row.mask_ms_per_step:.2f} ms/step"
-        if row.steps is not None and row.mask_ms_per_step is not None
-        else ""
-    )
-    checked = (
-        f", {row.valid} valid / {row.truncated} truncated / {row.invalid} invalid"
-        if row.valid is not None
-        else ""
-    )
-    return (
-        f"{row.mode:>11} slots={row.slots:<3} {row.tokens_per_s:8.1f} tokens/s "
-        f"({row.output_tokens} tokens in {row.seconds:.2f} s{steps}){batch1}{checked}"
-    )
