@@ -1,6 +1,7 @@
-"""A/B of the CPU matmul backend (core/model/gemm.py): oneDNN against `F.linear` (MKL), the first
-32 requests of `mixed` at B=16, arms alternating, each run in a fresh process so both see the
-same machine; also the greedy tokens of both arms, which must agree.
+"""A/B of the CPU matmul backend (core/model/gemm.py): oneDNN on weights packed at load, oneDNN on
+the plain layout, and `F.linear` (MKL); the first 32 requests of `mixed` at B=16, arms
+alternating, each run in a fresh process so all see the same machine; also the greedy tokens of
+every arm, which must agree.
 
     pdserve bench gemm-backend [--rounds 2]
 """
@@ -15,14 +16,15 @@ import time
 from pathlib import Path
 
 WORKLOAD = Path(__file__).parents[1] / "offline" / "workloads" / "mixed.json"
-ARMS = ("onednn", "mkl")
+ARMS = ("onednn-packed", "onednn", "mkl")
 
 
 def run_once(arm: str) -> dict[str, object]:
     """Output tokens/s of one continuous-batching pass and its tokens (in a child process)."""
     from pdserve.core.model import gemm
 
-    gemm.ONEDNN_ON_CPU = arm == "onednn"  # "mkl": what a torch build without oneDNN gets
+    gemm.ONEDNN_ON_CPU = arm != "mkl"  # "mkl": what a torch build without oneDNN gets
+    gemm.PACKED_FOR_ROWS = gemm.PACKED_FOR_ROWS if arm == "onednn-packed" else 0
     from pdserve.core.llm import LLM
     from pdserve.core.model.source import resolve_model
     from pdserve.core.sampling_params import SamplingParams
@@ -56,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
             result = subprocess.run(command, capture_output=True, text=True, check=True)
             row = json.loads(result.stdout.strip().splitlines()[-1])
             outputs.append(row["tokens"])
-            print(f"{arm:7s} {row['tokens_per_s']:6.1f} tok/s", flush=True)
+            print(f"{arm:13s} {row['tokens_per_s']:6.1f} tok/s", flush=True)
     print(f"greedy tokens identical across runs: {all(o == outputs[0] for o in outputs)}")
     return 0

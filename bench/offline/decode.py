@@ -19,6 +19,7 @@ import torch
 from pdserve.bench.offline.engines import BLOCK_SIZE, FLOAT32, Precision
 from pdserve.core.llm import LLM
 from pdserve.core.model.forward import CausalLM
+from pdserve.core.model.gemm import weight_bytes
 from pdserve.core.sampling_params import SamplingParams
 
 COPY_BYTES = 1 << 30
@@ -64,22 +65,16 @@ def measure_copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = COPY_REPEATS
 
 
 def model_weight_bytes(model: CausalLM) -> int:
-    """Bytes of every distinct weight tensor a batch-1 forward reads (tied embeddings count once;
-    the packed copies for 16-row batches are not read at batch 1)."""
-    head = model.lm_head
-    tensors = [
-        model.embed,
-        model.norm,
-        head.weight,
-        *([] if head.scales is None else [head.scales]),
-    ]
+    """Bytes of every weight a batch-1 forward reads: the embedding rows it gathers are few, so the
+    embedding counts only where the lm_head reads it (tied, unpacked)."""
+    projections = [model.lm_head]
+    plain: list[torch.Tensor] = [model.norm]
     for layer in model.layers:
-        tensors += [layer.input_norm, layer.post_attention_norm]
-        for projection in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
-            tensors.append(projection.weight)
-            tensors += [t for t in (projection.bias, projection.scales) if t is not None]
-    unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(unique.values())
+        plain += [layer.input_norm, layer.post_attention_norm]
+        projections += [layer.qkv, layer.o_proj, layer.gate_up, layer.down]
+    for projection in projections:
+        plain += [t for t in (projection.bias, projection.scales) if t is not None]
+    return sum(weight_bytes(p) for p in projections) + sum(t.nbytes for t in plain)
 
 
 def measure_batch1_decode(

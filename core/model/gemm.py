@@ -9,6 +9,12 @@ processes, arms alternating, greedy tokens identical) ran 88.1 / 96.8 against 67
 tokens/s (docs/benchmarks.md). oneDNN's sums are not bit-identical to MKL's; the greedy tests
 against transformers are what hold the model to its outputs.
 
+Float32 weights are stored in oneDNN's blocked layout for 16-row inputs
+(`PACKED_FOR_ROWS`), reordered once at load, so that no call pays for oneDNN's own reorder or
+its slower path on the plain layout. `pdserve bench gemm-backend` measures it against the plain
+layout and MKL (docs/benchmarks.md, "Packed weights"); packed for 64 rows did no better than for
+16 in a first A/B. The packed tensor has no plain storage: only `linear` reads it.
+
 It replaces an MKL-only path (inputs of 3-15 rows padded to 16, and MKL's packed GEMM with every
 weight reordered for 16 rows: +0.5 GB resident) that paid 10-13 % on the earlier host class and
 lost to oneDNN at every row count here. Other devices and dtypes use `F.linear`. Int8 weight-only
@@ -26,6 +32,9 @@ from pdserve.core.model.precision import quantize_int8
 
 # torch builds without oneDNN (mkldnn) fall back to F.linear
 ONEDNN_ON_CPU: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+# The row count oneDNN's weight layout is chosen for: a decode batch of the default size (0: the
+# plain layout; `pdserve bench gemm-backend` sets it per arm).
+PACKED_FOR_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,14 @@ def prepare(
     if quantization == "int8":
         quantized, scales = quantize_int8(weight)
         return LinearWeight(quantized, bias, scales)
+    if PACKED_FOR_ROWS and _runs_on_onednn(weight, weight):
+        weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACKED_FOR_ROWS)
     return LinearWeight(weight, bias)
+
+
+def weight_bytes(layer: LinearWeight) -> int:
+    """The bytes a forward reads of the layer's weight (packed weights have no plain storage)."""
+    return layer.weight.numel() * layer.weight.element_size()
 
 
 def linear(x: torch.Tensor, layer: LinearWeight) -> torch.Tensor:

@@ -34,3 +34,11 @@ def test_the_cpu_float32_path_is_onednn_when_torch_has_it() -> None:
     x, weight = torch.randn(2, 8), torch.randn(4, 8)
     assert gemm._runs_on_onednn(x, weight) is gemm.ONEDNN_ON_CPU
     assert not gemm._runs_on_onednn(x.bfloat16(), weight.bfloat16())
+
+
+def test_float32_weights_are_packed_once_for_onednn_and_keep_their_size() -> None:
+    weight = torch.randn(48, 24)
+    layer = gemm.prepare(weight)
+    assert layer.weight.is_mkldnn is gemm.ONEDNN_ON_CPU
+    assert gemm.weight_bytes(layer) == weight.nbytes
+    assert not gemm.prepare(weight.bfloat16()).weight.is_mkldnn
