@@ -3,8 +3,9 @@
 Each module defines `add_arguments(parser)` and `run(args) -> int`, and only the chosen one is
 imported (pdserve/commands.py: `--help` loads no benchmark, hence no torch). The families are
 packages: offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving),
-migration/ (moving streams between decode workers), peers/ (side by side with llama.cpp), router/
-(the router's relay capacity), sjf/ (scheduling policies), micro/ (one mechanism each).
+migration/ (moving streams between decode workers), pods/ (CPU-limited pods), peers/ (side by
+side with llama.cpp), router/ (the router's relay capacity), sjf/ (scheduling policies), micro/
+(one mechanism each).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "precision": (
         "pdserve.bench.micro.precision",
         "opt-in weight precisions: quality and batch-1 speed",
+    ),
+    "pod-cpus": (
+        "pdserve.bench.pods.cpu_limit",
+        "decode pods under CPU limits (--pod-cpus): one 0.5 pod vs one 1.0 vs two 0.5",
     ),
     "gemm-backend": (
         "pdserve.bench.micro.gemm_backend",

@@ -24,6 +24,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdserve.local.cpu_limit import CpuGroup
+
 HOST = "127.0.0.1"
 MAX_ROUTERS = 5  # router replicas fit below the prefill ports: base, base + 2, .. base + 8
 READINESS = {
@@ -205,6 +207,7 @@ class Launch:
     extra: tuple[str, ...]
     prefix: tuple[str, ...] = ()  # what runs it (`ip netns exec NS` for a pod)
     env: tuple[tuple[str, str], ...] = ()  # after the spec's
+    cpu_group: CpuGroup | None = None  # its pod's CPU quota (`pdserve up --pod-cpus`)
 
 
 def spawn(spec: ClusterSpec, launch: Launch, log_dir: Path | None) -> Process:
@@ -237,15 +240,27 @@ def spawn(spec: ClusterSpec, launch: Launch, log_dir: Path | None) -> Process:
     cpus = next((p.cpus for p in spec.pins if (p.role, p.index) == (role, index)), None)
     if cpus is not None:
         env["OMP_NUM_THREADS"] = str(len(cpus))  # torch's intra-op threads = pinned CPUs
+    if launch.cpu_group is not None:
+        env["OMP_NUM_THREADS"] = str(launch.cpu_group.torch_threads)  # as many as its quota
     popen = subprocess.Popen(
         command,
         stdout=output,
         stderr=subprocess.STDOUT,
         env=env,
-        # In the child before exec, so every thread the worker ever starts inherits the mask.
-        preexec_fn=None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus),
+        # In the child before exec, so every thread the worker ever starts inherits the mask
+        # and the quota.
+        preexec_fn=None
+        if cpus is None and launch.cpu_group is None
+        else functools.partial(_confine, cpus, launch.cpu_group),
     )
     return Process(role, index, launch.port, launch.metrics_port, popen, launch.host)
+
+
+def _confine(cpus: tuple[int, ...] | None, cpu_group: CpuGroup | None) -> None:
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    if cpu_group is not None:
+        cpu_group.join()
 
 
 def stop_processes(processes: list[Process], timeout_s: float) -> None:

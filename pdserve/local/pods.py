@@ -41,6 +41,7 @@ from pdserve.local.cluster import (
     stop_processes,
     wait_router_sees,
 )
+from pdserve.local.cpu_limit import CpuGroup, CpuGroups
 from pdserve.local.dns_registry import DnsRegistry, tier_name
 from pdserve.local.netns import (
     NO_SHAPING,
@@ -81,6 +82,7 @@ class Member:
     pod: Pod
     state: MemberState
     since: float
+    cpu_group: CpuGroup | None = None  # under --pod-cpus
 
     @property
     def tier(self) -> str:
@@ -96,11 +98,14 @@ class PodCluster:
         shaping: LinkShaping = NO_SHAPING,
         log_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pod_cpus: float | None = None,
     ) -> None:
         if spec.num_routers != 1:
             raise ValueError("pods run one router (ClusterSpec.num_routers must be 1)")
         self.spec = spec
         self.log_dir = log_dir
+        self.pod_cpus = pod_cpus  # every worker pod's CPU quota in cores; None: no limit
+        self._cpu_groups: CpuGroups | None = None
         self._clock = clock
         self.prefix = f"pds{spec.base_port}"
         self.shaping = shaping
@@ -140,6 +145,11 @@ class PodCluster:
     def http_url(self) -> str:
         return f"http://{self.router.host}:{self.spec.router_http_port}"
 
+    def cpu_groups(self) -> list[CpuGroup]:
+        """The CPU groups of the workers now in the cluster (none without --pod-cpus)."""
+        with self._lock:
+            return [m.cpu_group for m in self._members if m.cpu_group is not None]
+
     def _ready(self, tier: str) -> list[Process]:
         with self._lock:
             return [
@@ -151,6 +161,14 @@ class PodCluster:
     def start(self, timeout_s: float = 300.0) -> None:
         """Network, DNS, the first workers (published once ready), then the router."""
         stale = remove_stale(self.prefix)
+        if self.pod_cpus is not None:
+            self._cpu_groups = CpuGroups()
+            stale += self._cpu_groups.remove_stale(self.prefix)
+            log.info(
+                "worker pods limited to %g CPUs each (%s)",
+                self.pod_cpus,
+                self._cpu_groups.version.value,
+            )
         if stale:
             log.warning("removed what an earlier run on this port left: %s", ", ".join(stale))
         subnet = choose_subnet(self.spec.base_port, host_routes())
@@ -199,8 +217,11 @@ class PodCluster:
         """SIGTERM everyone (they drain), SIGKILL who is left, then the pods, DNS and bridge."""
         with self._lock:
             processes = self.processes
+            groups = [m.cpu_group for m in self._members if m.cpu_group is not None]
             self._members.clear()
         stop_processes(processes, self.spec.drain_grace_seconds + EXIT_MARGIN_S)
+        for group in groups:
+            self._groups().remove(group)
         if self.dns is not None:
             self.dns.close()
             self.dns = None
@@ -329,15 +350,27 @@ class PodCluster:
         pod = self._network().add_pod(f"{tier}-{index}")
         tier_args = self.spec.prefill_args if tier == "prefill" else self.spec.decode_args
         extra = (*POD_WORKER_ARGS, *self.spec.worker_args, *tier_args)
+        group = None
         try:
-            process = self._spawn_in(pod, tier, index, extra)
+            if self.pod_cpus is not None:
+                group = self._groups().create(pod.namespace, self.pod_cpus)
+            process = self._spawn_in(pod, tier, index, extra, group)
         except BaseException:
             self._network().remove_pod(pod)
+            if group is not None:
+                self._groups().remove(group)
             raise
         log.info("%s starting in pod %s (%s)", process.name, pod.namespace, pod.address)
-        return Member(process, pod, MemberState.STARTING, self._clock())
+        return Member(process, pod, MemberState.STARTING, self._clock(), group)
 
-    def _spawn_in(self, pod: Pod, role: str, index: int, extra: tuple[str, ...]) -> Process:
+    def _spawn_in(
+        self,
+        pod: Pod,
+        role: str,
+        index: int,
+        extra: tuple[str, ...],
+        cpu_group: CpuGroup | None = None,
+    ) -> Process:
         offset = PORT_OFFSETS[role]
         launch = Launch(
             role=role,
@@ -348,6 +381,7 @@ class PodCluster:
             extra=extra,
             prefix=tuple(pod.exec_prefix()),
             env=POD_UCX_ENV,
+            cpu_group=cpu_group,
         )
         return spawn(self.spec, launch, self.log_dir)
 
@@ -363,6 +397,8 @@ class PodCluster:
     ) -> None:
         self._members.remove(member)
         self._network().remove_pod(member.pod)
+        if member.cpu_group is not None:
+            self._groups().remove(member.cpu_group)
         departure = Departure(
             member.process.name, member.process.address, exit_code, drain_seconds, killed
         )
@@ -379,6 +415,11 @@ class PodCluster:
         if self.network is None:
             raise RuntimeError("the pod network is not open")
         return self.network
+
+    def _groups(self) -> CpuGroups:
+        if self._cpu_groups is None:
+            raise RuntimeError("no CPU groups: the cluster runs without --pod-cpus")
+        return self._cpu_groups
 
     def _dns(self) -> DnsRegistry:
         if self.dns is None:

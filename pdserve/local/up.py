@@ -19,6 +19,7 @@ from pdserve.core.config import SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.serving.cli_config import add_flag, add_model_arguments
 from pdserve.costmodel.host_profile import host_profile
 from pdserve.local.cluster import Cluster, ClusterSpec
+from pdserve.local.cpu_limit import pod_cpus
 from pdserve.local.netns import LinkShaping, link_delay, link_rate
 from pdserve.router.placement.prefill_place import PlacementMode
 from pdserve.router.placement.worker_choice import RoutingPolicy
@@ -132,6 +133,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --netns: each pod link's added delay each way, in tc units (e.g. 1ms; "
         "needs the kernel's netem qdisc)",
     )
+    group.add_argument(
+        "--pod-cpus",
+        type=pod_cpus,
+        default=None,
+        help="with --netns: each worker pod's CPU limit in cores (a CPU cgroup's CFS quota, "
+        "torch threads = ceil(C)), as resources.limits.cpu on Kubernetes; default: none",
+    )
     parser.add_argument(
         "worker_args", nargs=argparse.REMAINDER, help="after --: engine flags for every worker"
     )
@@ -144,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
         print("pdserve up: --prefill must be >= 0 and --decode >= 1", file=sys.stderr)
         return 2
     shaping = LinkShaping(rate=args.link_rate, delay=args.link_delay)
-    if shaping.enabled and not args.netns:
-        print("pdserve up: --link-rate and --link-delay need --netns", file=sys.stderr)
+    if (shaping.enabled or args.pod_cpus is not None) and not args.netns:
+        print("pdserve up: --link-rate, --link-delay and --pod-cpus need --netns", file=sys.stderr)
         return 2
     if args.netns and os.geteuid() != 0:
         print("pdserve up: --netns needs root (network namespaces, a bridge)", file=sys.stderr)
@@ -217,7 +225,7 @@ def _serve_pods(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
-        cluster = PodCluster(spec, shaping, args.log_dir)
+        cluster = PodCluster(spec, shaping, args.log_dir, pod_cpus=args.pod_cpus)
         control = ControlServer(spec.base_port, functools.partial(_answer_scale, cluster))
     except OSError as error:
         print(f"pdserve up: {error}", file=sys.stderr)
@@ -235,7 +243,7 @@ def _serve_pods(
                     print("the router exited; stopping", file=sys.stderr)
                     return 1
             print("stopping (draining in-flight requests) ...", flush=True)
-    except (RuntimeError, OSError) as error:  # NetnsError, a worker that failed to start, ...
+    except (RuntimeError, OSError) as error:  # NetnsError, CpuLimitError, a worker that died ...
         print(f"pdserve up: {error}", file=sys.stderr)
         return 1
     finally:

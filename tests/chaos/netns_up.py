@@ -55,8 +55,10 @@ class NetnsUp:
         log_dir: Path,
         drain_grace_s: float,
         env: dict[str, str] | None = None,
+        up_args: tuple[str, ...] = (),
     ) -> None:
-        """`env`: added to this environment for `pdserve up` and every pod it starts."""
+        """`env`: added to this environment for `pdserve up` and every pod it starts; `up_args`:
+        `pdserve up` flags beyond the ones every test uses."""
         self.port, self.metrics_port = free_port_bases(2)
         command = [
             sys.executable,
@@ -76,6 +78,7 @@ class NetnsUp:
             str(log_dir),
             "--drain-grace-seconds",
             str(drain_grace_s),
+            *up_args,
             "--",
             *WORKER_ARGS,
         ]
@@ -166,6 +169,15 @@ def received_bytes(namespace: str, interface: str = "eth0") -> int:
         check=True,
     )
     return int(json.loads(shown.stdout)[0]["stats64"]["rx"]["bytes"])
+
+
+def cpu_cgroup(pid: int) -> str:
+    """The process's group in the v1 `cpu` hierarchy (`/` when in none of its own)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return "/"
 
 
 def pod_pids(namespace: str) -> list[int]:

@@ -31,6 +31,7 @@ from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 from .netns_up import (
     NetnsUp,
+    cpu_cgroup,
     link_exists,
     namespaces,
     pod_pids,
@@ -59,6 +60,9 @@ KEEPALIVE = {"PDSERVE_KEEPALIVE_SECONDS": "1", "PDSERVE_KEEPALIVE_TIMEOUT_SECOND
 # From the cut to the router's first migration off the cut pod: keepalive's 9 s, a busy
 # 2-core host's scheduling, and a Load poll's timeout.
 LOST_POD_FOUND_WITHIN_S = 16.0
+# Each worker pod's CPU limit (`pdserve up --pod-cpus`): one of the host's two cores, as a pod
+# with `resources.limits.cpu: 1` gets.
+POD_CPUS = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,8 @@ def cluster(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]]
 ) -> Iterator[Cluster]:
     require_netns()
-    up = NetnsUp(model_dir, tmp_path_factory.mktemp("netns-logs"), DRAIN_GRACE_S, KEEPALIVE)
+    logs = tmp_path_factory.mktemp("netns-logs")
+    up = NetnsUp(model_dir, logs, DRAIN_GRACE_S, KEEPALIVE, ("--pod-cpus", str(POD_CPUS)))
     try:
         router = up.wait_ready()
         work = prompts[3:7]  # 17..250 tokens
@@ -120,6 +125,7 @@ def cluster(
     left = [n for n in namespaces() if n.startswith(f"{up.prefix}-")]
     assert not left and not link_exists(f"{up.prefix}br"), f"left behind: {left}"
     assert not NETNS_ETC.is_dir() or not list(NETNS_ETC.glob(f"{up.prefix}-*"))
+    assert not list(Path("/sys/fs/cgroup/cpu/pdserve").glob(f"{up.prefix}-*"))  # CPU groups
 
 
 def _undisturbed(router: str, http_url: str, work: list[list[int]]) -> dict[Kind, Stream]:
@@ -167,6 +173,26 @@ def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
             assert departure["drain_seconds"] is not None, departure
     _assert_blocks_free(cluster)
     _assert_kv_crossed_the_pod_link(cluster)
+    _assert_each_worker_pod_under_its_cpu_limit(cluster, prefill_1)
+
+
+def _assert_each_worker_pod_under_its_cpu_limit(cluster: Cluster, status: dict[str, Any]) -> None:
+    """Every worker process in its pod's CPU group, with the pod's quota and as many torch
+    threads; the groups of the pods that left are gone."""
+    groups = Path("/sys/fs/cgroup/cpu/pdserve")
+    members = [m["name"] for m in status["members"]]
+    for name in members:
+        namespace = f"{cluster.up.prefix}-{name}"
+        for pid in pod_pids(namespace):
+            assert cpu_cgroup(pid) == f"/pdserve/{namespace}", (name, pid)
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"OMP_NUM_THREADS=1" in environ, name
+        quota = int((groups / namespace / "cpu.cfs_quota_us").read_text())
+        assert quota == round(POD_CPUS * 100_000), name
+    left = {
+        p.name.removeprefix(f"{cluster.up.prefix}-") for p in groups.glob(f"{cluster.up.prefix}-*")
+    }
+    assert left == set(members), left
 
 
 def test_a_killed_decode_worker_under_load_loses_nothing(cluster: Cluster) -> None:

@@ -202,6 +202,8 @@ def test_workers_load_the_model_and_read_engine_settings_from_a_configmap(
         env = {e["name"]: e for e in main["env"]}
         assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert env["UCX_TLS"]["value"] == "tcp"
+        threads = env["OMP_NUM_THREADS"]["valueFrom"]["resourceFieldRef"]  # as --pod-cpus
+        assert threads == {"resource": "limits.cpu", "divisor": "1"}
 
 
 def test_speculative_decoding_is_a_decode_engine_setting(render: Render) -> None:

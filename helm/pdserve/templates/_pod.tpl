@@ -109,6 +109,13 @@ process binds with --port, readiness asks for the role's service name, liveness 
 - name: MPLCONFIGDIR
   value: /tmp/matplotlib
 {{- if ne .role "router" }}
+{{- /* torch's intra-op threads: the container's CPU limit rounded up, as `pdserve up --pod-cpus`
+gives its pods (without a limit, the node's allocatable cores: torch's own default). */}}
+- name: OMP_NUM_THREADS
+  valueFrom:
+    resourceFieldRef:
+      resource: limits.cpu
+      divisor: "1"
 {{- with .root.Values.ucx }}
 {{- if .tls }}
 - name: UCX_TLS
