@@ -79,7 +79,7 @@ class Admission:
                 clock.on_tokens(len(delta.token_ids))
                 finished = is_finished(delta)
                 if finished:
-                    clock.on_finished()
+                    clock.on_finished(len(request.prompt_token_ids))
                 yield delta
         if not finished:
             raise RouterError(

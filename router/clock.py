@@ -67,8 +67,10 @@ class RequestClock:
         if count > 0:
             self.last_token = now
 
-    def on_finished(self) -> None:
+    def on_finished(self, prompt_tokens: int) -> None:
         metrics.END_TO_END_LATENCY.observe(time.monotonic() - self.arrival)
+        metrics.PROMPT_TOKENS.observe(prompt_tokens)
+        metrics.OUTPUT_TOKENS.observe(self.num_tokens)
 
     def to_proto(self) -> common_pb2.Timings:
         now = time.monotonic()

@@ -45,6 +45,18 @@ END_TO_END_LATENCY = Histogram(
     "From arrival at the router to the last output token (successful requests)",
     buckets=_LATENCY_BUCKETS,
 )
+# Token counts from one token to the longest contexts (powers of two).
+_LENGTH_BUCKETS = tuple(float(2**i) for i in range(17))
+PROMPT_TOKENS = Histogram(
+    "pdserve_router_prompt_tokens",
+    "Prompt tokens of each finished request: with output_tokens, the mix an autoscaler sizes for",
+    buckets=_LENGTH_BUCKETS,
+)
+OUTPUT_TOKENS = Histogram(
+    "pdserve_router_output_tokens",
+    "Output tokens of each finished request (a sample of n counts apart)",
+    buckets=_LENGTH_BUCKETS,
+)
 IN_FLIGHT = Gauge(
     "pdserve_router_requests_in_flight",
     "Streams in flight in the router (a call of n samples counts n), against --max-queue",

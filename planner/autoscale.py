@@ -1,0 +1,217 @@
+"""The autoscaler's decision: from what the last interval showed (arrivals, the length mix, the
+streams in flight), the fewest prefill and decode pods that the simulator says meet the SLOs at
+that load plus headroom, and when to apply it.
+
+The prediction is `pdserve plan`'s own (planner/plan.py `deployments` and `evaluate`: the cluster
+simulator with the router's placement rule), restricted to what a running cluster can change:
+its pod counts. The engine settings and the placement rule stay the cluster's, and a cluster
+started with a prefill tier keeps one (one started colocated stays so), as `pdserve scale`
+allows. The load is a Poisson trace at the observed rate times (1 + headroom), its prompt and
+output lengths drawn from the interval's histograms (the router's `pdserve_router_prompt_tokens`
+and `pdserve_router_output_tokens`), seeded, so the same observation gives the same answer.
+
+When to act (`Autoscaler.decide`): up at once (a missed SLO costs now); down only once
+`down_after` intervals in a row wanted fewer, to the most any of them wanted (a lull between two
+bursts is not a trend); never below the floor the live streams need (decode slots for every
+stream in flight: a scale-in moves streams, it must not strand them). A load no deployment
+within `max_pods` meets gets the largest one tried.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from pdserve.core.config import EngineConfig
+from pdserve.costmodel.profile import Profile
+from pdserve.planner.plan import Candidate, SearchSpace, Slo, deployments, evaluate
+from pdserve.planner.sim_cluster import Deployment
+from pdserve.planner.workload import TraceRequest
+from pdserve.router.placement.prefill_place import PlacementConfig
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Pod counts of the two tiers."""
+
+    prefill: int
+    decode: int
+
+    @property
+    def pods(self) -> int:
+        return self.prefill + self.decode
+
+    def at_least(self, other: Shape) -> Shape:
+        return Shape(max(self.prefill, other.prefill), max(self.decode, other.decode))
+
+    def __str__(self) -> str:
+        return f"{self.prefill}P{self.decode}D"
+
+
+@dataclass(frozen=True)
+class LengthHistogram:
+    """Cumulative-free bucket counts: `counts[i]` requests had a length in
+    (`bounds[i - 1]`, `bounds[i]`] (the first bucket from 1)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.bounds) != len(self.counts):
+            raise ValueError("bounds, counts: one count per bucket")
+
+    @property
+    def total(self) -> float:
+        return sum(self.counts)
+
+    def draw(self, rng: random.Random) -> int:
+        """A length from the histogram: a bucket by its count, uniform within it."""
+        (index,) = rng.choices(range(len(self.counts)), weights=self.counts)
+        low = 1 if index == 0 else math.floor(self.bounds[index - 1]) + 1
+        high = max(low, math.floor(self.bounds[index]))
+        return rng.randint(low, high)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One interval of the router's metrics (deltas over `seconds`)."""
+
+    seconds: float
+    arrivals: float  # requests finished in the interval: the rate's numerator
+    prompt_tokens: LengthHistogram
+    output_tokens: LengthHistogram
+    in_flight: int  # streams running at its end
+
+    @property
+    def rate(self) -> float:
+        return self.arrivals / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    headroom: float = 0.25  # sized for the observed rate x (1 + headroom)
+    down_after: int = 2  # intervals in a row that wanted fewer pods before any leaves
+    max_pods: int = 4  # prefill + decode
+    trace_seconds: float = 60.0  # the simulated load's span
+    seed: int = 0
+
+
+class Action(enum.Enum):
+    HOLD = "hold"
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+    WAIT_DOWN = "wait_down"  # wants fewer, not for long enough yet
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    shape: Shape  # what to scale to (the current shape unless the action scales)
+    wanted: Shape  # what this interval's load alone wanted
+    floor: Shape  # what the live streams need
+
+
+def trace(observation: Observation, policy: Policy) -> list[TraceRequest]:
+    """The load to size for: Poisson arrivals at the observed rate x (1 + headroom)."""
+    rate = observation.rate * (1 + policy.headroom)
+    if rate <= 0 or not observation.prompt_tokens.total or not observation.output_tokens.total:
+        return []
+    rng = random.Random(policy.seed)
+    requests, arrival = [], rng.expovariate(rate)
+    while arrival < policy.trace_seconds:
+        prompt = observation.prompt_tokens.draw(rng)
+        output = observation.output_tokens.draw(rng)
+        requests.append(TraceRequest(arrival, prompt, output))
+        arrival += rng.expovariate(rate)
+    return requests
+
+
+class Autoscaler:
+    """Decides each interval's shape for one cluster (see the module's docstring)."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        engine: EngineConfig,
+        placement: PlacementConfig,
+        slo: Slo,
+        policy: Policy = Policy(),
+        colocated: bool = False,
+        wanted: Callable[[Observation], Shape] | None = None,
+    ) -> None:
+        self.profile = profile
+        self.engine = engine
+        self.placement = placement
+        self.slo = slo
+        self.policy = policy
+        self.colocated = colocated
+        self._wanted = wanted or self.fewest_pods
+        self._fewer_in_a_row: list[Shape] = []
+
+    def floor(self, observation: Observation) -> Shape:
+        decode = max(1, math.ceil(observation.in_flight / self.engine.max_num_seqs))
+        return Shape(0 if self.colocated else 1, decode)
+
+    def fewest_pods(self, observation: Observation) -> Shape:
+        """The fewest pods whose simulation meets both SLOs at the observation's load (the
+        smallest shape for no load; at `max_pods`, the one that misses least when none meets)."""
+        requests = trace(observation, self.policy)
+        smallest = Shape(0 if self.colocated else 1, 1)
+        if not requests:
+            return smallest
+        tried: list[Candidate] = []
+        for total in range(smallest.pods, self.policy.max_pods + 1):
+            tried = [
+                evaluate(deployment, self.profile, requests, self.slo)
+                for deployment in self._deployments(total, requests)
+            ]
+            meeting = [candidate for candidate in tried if candidate.meets]
+            if meeting:
+                return _shape(min(meeting, key=lambda c: c.ttft_p90))
+        return _shape(min(tried, key=self._miss)) if tried else smallest
+
+    def _miss(self, candidate: Candidate) -> float:
+        """How far a candidate is from meeting: its worse SLO ratio, unfinished requests first."""
+        ratio = max(
+            candidate.ttft_p90 / self.slo.ttft_p90_s, candidate.itl_p99 / self.slo.itl_p99_s
+        )
+        return (1 - candidate.completed_fraction) * 1e6 + ratio
+
+    def _deployments(self, total: int, requests: Sequence[TraceRequest]) -> list[Deployment]:
+        space = SearchSpace(
+            max_workers=total,
+            max_num_seqs=(self.engine.max_num_seqs,),
+            chunk_budgets=(self.engine.max_num_batched_tokens,),
+            placements=(self.placement.mode,),
+        )
+        return [
+            replace(d, placement=self.placement)
+            for d in deployments(total, self.engine, space, list(requests))
+            if (d.num_prefill == 0) == self.colocated
+            and d.placement.disagg_threshold == 0  # one per split: the cluster's rule replaces it
+        ]
+
+    def decide(self, observation: Observation, current: Shape) -> Decision:
+        floor = self.floor(observation)
+        wanted = self._wanted(observation).at_least(floor)
+        if wanted.prefill > current.prefill or wanted.decode > current.decode:
+            self._fewer_in_a_row.clear()
+            return Decision(Action.SCALE_UP, wanted.at_least(current), wanted, floor)
+        if wanted == current:
+            self._fewer_in_a_row.clear()
+            return Decision(Action.HOLD, current, wanted, floor)
+        self._fewer_in_a_row.append(wanted)
+        if len(self._fewer_in_a_row) < self.policy.down_after:
+            return Decision(Action.WAIT_DOWN, current, wanted, floor)
+        target = self._fewer_in_a_row[0]
+        for shape in self._fewer_in_a_row[1:]:
+            target = target.at_least(shape)
+        self._fewer_in_a_row.clear()
+        return Decision(Action.SCALE_DOWN, target, wanted, floor)
+
+
+def _shape(candidate: Candidate) -> Shape:
+    return Shape(candidate.deployment.num_prefill, candidate.deployment.num_decode)

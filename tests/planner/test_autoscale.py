@@ -1,0 +1,115 @@
+"""planner/autoscale.py: the load it sizes for, the fewest pods the simulator says meet the SLOs,
+and when it acts (up at once, down after a run of quieter intervals, never below the streams)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from pdserve.core.config import EngineConfig
+from pdserve.costmodel.profile import load_profile
+from pdserve.planner.autoscale import (
+    Action,
+    Autoscaler,
+    LengthHistogram,
+    Observation,
+    Policy,
+    Shape,
+    trace,
+)
+from pdserve.planner.plan import Slo
+from pdserve.router.placement.prefill_place import PlacementConfig
+
+PROFILE = Path(__file__).parents[2] / "docs" / "planning-profile-cpu.json"
+POWERS = tuple(float(2**i) for i in range(13))
+SLO = Slo(ttft_p90_s=2.0, itl_p99_s=0.5)
+
+
+def _histogram(**counts: float) -> LengthHistogram:
+    """Counts by bucket bound, e.g. _histogram(b64=10) for 10 lengths in (32, 64]."""
+    by_bound = {float(name.removeprefix("b")): count for name, count in counts.items()}
+    return LengthHistogram(POWERS, tuple(by_bound.get(bound, 0.0) for bound in POWERS))
+
+
+def _chat(rate: float, in_flight: int = 0, seconds: float = 30.0) -> Observation:
+    return Observation(
+        seconds, rate * seconds, _histogram(b64=3, b128=1), _histogram(b64=1), in_flight
+    )
+
+
+def test_lengths_are_drawn_inside_their_buckets() -> None:
+    histogram = _histogram(b64=1, b1024=1)
+    rng = random.Random(0)
+    lengths = [histogram.draw(rng) for _ in range(400)]
+    assert all(33 <= n <= 64 or 513 <= n <= 1024 for n in lengths)
+    assert 150 < sum(n <= 64 for n in lengths) < 250  # the two buckets weigh the same
+
+
+def test_the_trace_is_the_observed_rate_with_headroom() -> None:
+    requests = trace(_chat(rate=2.0), Policy(headroom=0.5, trace_seconds=200))
+    assert 540 < len(requests) < 660  # 3 requests/s over 200 s
+    assert all(33 <= r.prompt_tokens <= 128 and 33 <= r.output_tokens <= 64 for r in requests)
+    assert requests == trace(_chat(rate=2.0), Policy(headroom=0.5, trace_seconds=200))  # seeded
+    assert trace(_chat(rate=0.0), Policy()) == []
+
+
+@pytest.fixture(scope="module")
+def engine() -> EngineConfig:
+    return EngineConfig(max_num_seqs=16, max_num_batched_tokens=512)
+
+
+def _scaler(engine: EngineConfig, colocated: bool = False) -> Autoscaler:
+    profile = load_profile(PROFILE)
+    policy = Policy(max_pods=4, trace_seconds=30)
+    return Autoscaler(profile, engine, PlacementConfig(), SLO, policy, colocated=colocated)
+
+
+def test_more_load_never_wants_fewer_pods_and_a_tier_keeps_its_mode(engine: EngineConfig) -> None:
+    for colocated in (False, True):
+        scaler = _scaler(engine, colocated)
+        shapes = [scaler.fewest_pods(_chat(rate)) for rate in (0.0, 0.2, 1.0, 4.0)]
+        assert shapes[0] == Shape(0 if colocated else 1, 1)  # no load: the smallest
+        assert [s.pods for s in shapes] == sorted(s.pods for s in shapes)
+        assert shapes[-1].pods > shapes[0].pods  # 4 req/s of chat needs more than the smallest
+        assert all((s.prefill == 0) == colocated for s in shapes)
+        assert all(s.pods <= 4 for s in shapes)
+
+
+def _fixed(*shapes: Shape) -> Autoscaler:
+    """An autoscaler whose load wants the given shapes, one per interval."""
+    wanted = iter(shapes)
+    return Autoscaler(
+        load_profile(PROFILE),
+        EngineConfig(max_num_seqs=8),
+        PlacementConfig(),
+        SLO,
+        Policy(down_after=2),
+        wanted=lambda observation: next(wanted),
+    )
+
+
+def test_up_at_once_down_after_a_run_of_quieter_intervals_to_the_most_they_wanted() -> None:
+    scaler = _fixed(Shape(1, 3), Shape(1, 2), Shape(1, 1), Shape(1, 1), Shape(2, 1))
+    current = Shape(1, 1)
+    decisions = []
+    for _ in range(5):
+        decision = scaler.decide(_chat(1.0), current)
+        decisions.append((decision.action, decision.shape))
+        current = decision.shape
+    assert decisions == [
+        (Action.SCALE_UP, Shape(1, 3)),  # at once
+        (Action.WAIT_DOWN, Shape(1, 3)),
+        (Action.SCALE_DOWN, Shape(1, 2)),  # the most of the two quieter intervals
+        (Action.WAIT_DOWN, Shape(1, 2)),
+        (Action.SCALE_UP, Shape(2, 2)),  # prefill up; decode is not cut on the way
+    ]
+
+
+def test_never_below_the_slots_the_live_streams_need() -> None:
+    scaler = _fixed(Shape(1, 1), Shape(1, 1), Shape(1, 1))
+    decisions = [scaler.decide(_chat(0.1, in_flight=20), Shape(1, 4)) for _ in range(3)]
+    assert [d.floor for d in decisions] == [Shape(1, 3)] * 3  # 20 streams, 8 slots a pod
+    assert [d.action for d in decisions] == [Action.WAIT_DOWN, Action.SCALE_DOWN, Action.WAIT_DOWN]
+    assert decisions[1].shape == Shape(1, 3)
