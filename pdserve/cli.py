@@ -24,6 +24,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "loadtest": ("pdserve.loadtest.runner", "drive load from a ghz config file"),
     "profile": ("pdserve.planner.profile_cli", "measure this engine's step costs (a profile)"),
     "simulate": ("pdserve.planner.simulate_cli", "simulate a deployment from a profile"),
+    "autoscale": (
+        "pdserve.planner.autoscale_cli",
+        "keep a `pdserve up --netns` at the fewest pods that meet the SLOs as the load shifts",
+    ),
     "plan": ("pdserve.planner.plan_cli", "size prefill/decode tiers for SLOs; write Helm values"),
 }
 

@@ -12,8 +12,11 @@ them)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -63,6 +66,8 @@ LOST_POD_FOUND_WITHIN_S = 16.0
 # Each worker pod's CPU limit (`pdserve up --pod-cpus`): one of the host's two cores, as a pod
 # with `resources.limits.cpu: 1` gets.
 POD_CPUS = 1.0
+AUTOSCALE_INTERVALS = 3
+PROFILE = Path(__file__).parents[2] / "docs" / "planning-profile-cpu.json"
 
 
 @dataclass(frozen=True)
@@ -160,8 +165,10 @@ def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
             else:
                 await asyncio.sleep(SETTLE_UNDER_LOAD_S)
 
+    autoscale = _autoscale_dry_run(cluster)  # beside the load: it reads, never scales
     outcomes = asyncio.run(_under_load(cluster, scale_steps()))
     _assert_as_undisturbed(cluster, outcomes)
+    _assert_autoscale_read_the_load(autoscale)
     decode_3, prefill_2, decode_1, prefill_1 = seen
     assert [_ready(decode_3, "decode"), _ready(prefill_2, "prefill")] == [3, 2]
     assert [_ready(decode_1, "decode"), _ready(prefill_1, "prefill")] == [1, 1]
@@ -174,6 +181,27 @@ def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
     _assert_blocks_free(cluster)
     _assert_kv_crossed_the_pod_link(cluster)
     _assert_each_worker_pod_under_its_cpu_limit(cluster, prefill_1)
+
+
+def _autoscale_dry_run(cluster: Cluster) -> subprocess.Popen[str]:
+    """`pdserve autoscale --dry-run` on this cluster: AUTOSCALE_INTERVALS decisions from the
+    router's real metrics and the real control endpoint."""
+    host = cluster.router.rsplit(":", 1)[0]
+    command = [sys.executable, "-m", "pdserve", "autoscale", "--port", str(cluster.up.port)]
+    command += ["--metrics-url", f"http://{host}:{cluster.up.metrics_port}/metrics"]
+    command += ["--profile", str(PROFILE), "--slo-ttft-p90", "5", "--slo-itl-p99", "1"]
+    command += ["--interval-seconds", "3", "--intervals", str(AUTOSCALE_INTERVALS), "--dry-run"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _assert_autoscale_read_the_load(autoscale: subprocess.Popen[str]) -> None:
+    out, err = autoscale.communicate(timeout=120)
+    assert autoscale.returncode == 0, err[-2000:]
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == AUTOSCALE_INTERVALS, out
+    assert any(row["rate"] > 0 for row in rows), rows  # it saw requests finish
+    actions = {"hold", "scale_up", "scale_down", "wait_down"}
+    assert all(row["action"] in actions and row["shape"].endswith("D") for row in rows), rows
 
 
 def _assert_each_worker_pod_under_its_cpu_limit(cluster: Cluster, status: dict[str, Any]) -> None:
