@@ -97,6 +97,9 @@ class Policy:
     max_pods: int = 4  # prefill + decode
     trace_seconds: float = 60.0  # the simulated load's span
     seed: int = 0
+    # The share of the profiled worker (one core) each pod gets: its --pod-cpus, up to 1 (a 0.5
+    # pod serves half what a 1.0 pod does: docs/elasticity.md).
+    pod_share: float = 1.0
 
 
 class Action(enum.Enum):
@@ -187,8 +190,9 @@ class Autoscaler:
             chunk_budgets=(self.engine.max_num_batched_tokens,),
             placements=(self.placement.mode,),
         )
+        share = self.policy.pod_share
         return [
-            replace(d, placement=self.placement)
+            replace(d, placement=self.placement, prefill_share=share, decode_share=share)
             for d in deployments(total, self.engine, space, list(requests))
             if (d.num_prefill == 0) == self.colocated
             and d.placement.disagg_threshold == 0  # one per split: the cluster's rule replaces it

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
 from pdserve.costmodel.profile import ProfileError, load_profile
+from pdserve.local.cpu_limit import pod_cpus
 from pdserve.local.scale_control import NoClusterError, request_scale
 from pdserve.local.status import ClusterStatus, ScaleError
 from pdserve.planner.autoscale import Action, Autoscaler, Decision, Observation, Policy, Shape
@@ -47,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the router's --placement (the simulator places prompts by it)",
     )
     parser.add_argument("--disagg-threshold", type=int, default=0, help="the router's")
+    parser.add_argument(
+        "--pod-cpus",
+        type=pod_cpus,
+        default=None,
+        help="the pods' CPU limit (pdserve up --pod-cpus): a pod is that share of the profiled "
+        "one-core worker, up to 1 (default: 1)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="decide, never scale")
     parser.add_argument("--intervals", type=int, default=0, help="stop after N (0: never)")
     add_engine_arguments(parser)  # the workers' settings: the simulated workers run them
@@ -74,7 +82,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _autoscaler(args: argparse.Namespace, colocated: bool) -> Autoscaler:
-    policy = Policy(headroom=args.headroom, down_after=args.down_after, max_pods=args.max_pods)
+    policy = Policy(
+        headroom=args.headroom,
+        down_after=args.down_after,
+        max_pods=args.max_pods,
+        pod_share=1.0 if args.pod_cpus is None else min(args.pod_cpus, 1.0),
+    )
     placement = PlacementConfig(
         disagg_threshold=args.disagg_threshold, mode=PlacementMode(args.placement)
     )

@@ -60,9 +60,9 @@ def engine() -> EngineConfig:
     return EngineConfig(max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def _scaler(engine: EngineConfig, colocated: bool = False) -> Autoscaler:
+def _scaler(engine: EngineConfig, colocated: bool = False, pod_share: float = 1.0) -> Autoscaler:
     profile = load_profile(PROFILE)
-    policy = Policy(max_pods=4, trace_seconds=30)
+    policy = Policy(max_pods=4, trace_seconds=30, pod_share=pod_share)
     return Autoscaler(profile, engine, PlacementConfig(), SLO, policy, colocated=colocated)
 
 
@@ -75,6 +75,12 @@ def test_more_load_never_wants_fewer_pods_and_a_tier_keeps_its_mode(engine: Engi
         assert shapes[-1].pods > shapes[0].pods  # 4 req/s of chat needs more than the smallest
         assert all((s.prefill == 0) == colocated for s in shapes)
         assert all(s.pods <= 4 for s in shapes)
+
+
+def test_half_core_pods_need_more_of_them_for_the_same_load(engine: EngineConfig) -> None:
+    whole, half = _scaler(engine), _scaler(engine, pod_share=0.5)
+    load = _chat(1.0)
+    assert half.fewest_pods(load).pods > whole.fewest_pods(load).pods
 
 
 def _fixed(*shapes: Shape) -> Autoscaler:
