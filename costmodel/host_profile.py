@@ -27,8 +27,11 @@ PROFILE_CACHE = Path.home() / ".cache" / "pdserve" / "profiles"
 
 def profile_key(model_dir: Path, dtype: str) -> str:
     """What a profile's numbers depend on, hashed."""
+    from pdserve.core.model.gemm import cpu_float32_backend  # torch: only when keying a profile
+
     config = model_dir / "config.json"
     parts = {
+        "matmul": cpu_float32_backend(),
         "host": this_host().to_json(),
         "model": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
         "dtype": dtype,

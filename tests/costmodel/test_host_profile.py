@@ -44,6 +44,17 @@ def test_a_profile_is_kept_per_model_and_dtype(tmp_path: Path) -> None:
     assert profile_key(model, "float32") == profile_key(model, "float32")
 
 
+def test_a_profile_is_kept_per_matmul_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdserve.core.model import gemm
+
+    model = _model(tmp_path)
+    packed = profile_key(model, "float32")
+    monkeypatch.setattr(gemm, "PACKED_FOR_ROWS", 0)  # the layout before 2026-12-04
+    assert profile_key(model, "float32") != packed
+
+
 def test_a_failed_measurement_leaves_no_profile(tmp_path: Path) -> None:
     def fails(model_dir: Path, dtype: str, out: Path) -> None:
         out.write_text("{half")
