@@ -62,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        current = _shape(request_scale(args.port, {}, timeout_s=10))
-        scaler = _autoscaler(args, colocated=current.prefill == 0)
+        started = _shape(request_scale(args.port, {}, timeout_s=10))
+        scaler = _autoscaler(args, colocated=started.prefill == 0)
         last = scrape(args.metrics_url, time.monotonic())
     except (ProfileError, NoClusterError, OSError, ValueError) as error:
         print(f"pdserve autoscale: {error}", file=sys.stderr)
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(args.interval_seconds)
         try:
             now = scrape(args.metrics_url, time.monotonic())
-            current = _step(args, scaler, observation(last, now), current)
+            current = _shape(request_scale(args.port, {}, timeout_s=10))  # whoever scaled it
+            _step(args, scaler, observation(last, now), current)
         except (NoClusterError, ScaleError, TimeoutError, OSError) as error:
             print(f"pdserve autoscale: {error}", file=sys.stderr)
             return 1
@@ -96,13 +97,12 @@ def _autoscaler(args: argparse.Namespace, colocated: bool) -> Autoscaler:
     return Autoscaler(load_profile(args.profile), engine, placement, slo, policy, colocated)
 
 
-def _step(args: argparse.Namespace, scaler: Autoscaler, seen: Observation, current: Shape) -> Shape:
+def _step(args: argparse.Namespace, scaler: Autoscaler, seen: Observation, current: Shape) -> None:
     decision = scaler.decide(seen, current)
     if decision.action in SCALES and not args.dry_run:
         wanted = {"prefill": decision.shape.prefill, "decode": decision.shape.decode}
         current = _shape(request_scale(args.port, wanted, timeout_s=600))
     _print(seen, decision, current)
-    return current
 
 
 def _shape(status: ClusterStatus) -> Shape:
