@@ -17,7 +17,7 @@ What S bounds (`--itl-slo-mode`, `ItlMode`):
 - `step` (default): every step, as above. A prompt then needs as many steps as its chunks, each
   as dear as a decode step: on a 2-core host where a decode step of 2-8 streams costs 100-162 ms
   a 150 ms cap took 16-19 prompt tokens a step, and a 200-token chat prompt 12-13 steps (its TTFT
-  2.7-3.1x colocated's, docs/disaggregation.md).
+  well above colocated's: docs/disaggregation.md, "What earlier runs found").
 - `mean`: each running stream's mean gap over its output on this worker, which is what a TPOT
   SLO judges. The step may spend a stream's slack: what it banked (its gaps so far came faster
   than S) and what its remaining tokens will leave if they come at the decode-only step time d
@@ -33,8 +33,8 @@ What S bounds (`--itl-slo-mode`, `ItlMode`):
   below S for streams behind starved prompts on a host too slow for S: docs/disaggregation.md).
   Without the remaining tokens' share (the mode's first form) a stream's first decode allowed
   only S, and on all-chat traffic, where some stream has always just started, every step
-  beside decodes was capped at S: adaptive attained 0.18 against colocated's 0.81 at 0.8 req/s
-  (docs/disaggregation.md).
+  beside decodes was capped at S, and adaptive lost to colocated on all-chat traffic
+  (docs/disaggregation.md, "What earlier runs found").
 
 The same arithmetic predicts how a prompt would be chunked on a worker (`prefill_steps`), which is
 what the router's adaptive placement and the planner's simulator read.
