@@ -25,13 +25,12 @@ from pdserve.costmodel.host import this_host
 PROFILE_CACHE = Path.home() / ".cache" / "pdserve" / "profiles"
 
 
-def profile_key(model_dir: Path, dtype: str) -> str:
-    """What a profile's numbers depend on, hashed."""
-    from pdserve.core.model.gemm import cpu_float32_backend  # torch: only when keying a profile
-
+def profile_key(model_dir: Path, dtype: str, matmul: str) -> str:
+    """What a profile's numbers depend on, hashed; `matmul` names what runs the model's matmuls
+    (core/model/gemm.py `cpu_float32_backend`: the caller's, as costmodel sits below core)."""
     config = model_dir / "config.json"
     parts = {
-        "matmul": cpu_float32_backend(),
+        "matmul": matmul,
         "host": this_host().to_json(),
         "model": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
         "dtype": dtype,
@@ -43,14 +42,15 @@ def profile_key(model_dir: Path, dtype: str) -> str:
 
 def host_profile(
     model_dir: Path,
-    dtype: str = "float32",
+    dtype: str,
+    matmul: str,
     cache_dir: Path = PROFILE_CACHE,
     progress: Callable[[str], None] = print,
     measure: Callable[[Path, str, Path], None] | None = None,
 ) -> Path:
     """This host's profile of the model at `dtype`: the cached one, or one measured now (by
     `measure(model_dir, dtype, out)`, default `pdserve profile` in a child process)."""
-    path = cache_dir / f"{model_dir.name}-{dtype}-{profile_key(model_dir, dtype)}.json"
+    path = cache_dir / f"{model_dir.name}-{dtype}-{profile_key(model_dir, dtype, matmul)}.json"
     if path.is_file():
         progress(f"profile: this host's, measured before ({path})")
         return path

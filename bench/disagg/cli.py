@@ -231,7 +231,9 @@ def _adaptive_profile(args: argparse.Namespace) -> Path | None:
     if "adaptive" not in args.arms.split(","):
         return None
     if args.profile is None:
-        return host_profile(resolve_model(args.model))
+        from pdserve.core.model.gemm import cpu_float32_backend
+
+        return host_profile(resolve_model(args.model), "float32", cpu_float32_backend())
     if not args.profile.is_file():
         raise ValueError(f"--profile: {args.profile} is not a file (the adaptive arm needs one)")
     return Path(args.profile)

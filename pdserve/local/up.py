@@ -163,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
     profile = args.profile
     if profile is None and (args.placement == PlacementMode.ADAPTIVE.value or args.itl_slo):
         try:  # this host's, measured on the first such start
-            profile = host_profile(model_dir, _worker_flag(worker_args, "--dtype", "float32"))
+            from pdserve.core.model.gemm import cpu_float32_backend  # torch: only here
+
+            dtype = _worker_flag(worker_args, "--dtype", "float32")
+            profile = host_profile(model_dir, dtype, cpu_float32_backend())
         except subprocess.CalledProcessError as error:
             print(f"pdserve up: profiling this host failed ({error})", file=sys.stderr)
             return 1
