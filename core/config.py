@@ -44,6 +44,11 @@ class EngineConfig:
     sjf_aging_tokens: int = 16  # `sjf`: each later arrival counts as this many more tokens of work
     speculative: str = "off"  # or "ngram": draft from the request's own context, verify in one step
     num_speculative_tokens: int = 4  # most drafted tokens verified per request and step
+    # KV offload below the pool (core/kv/offload.py, docs/kv_offload.md): evicted prefix blocks
+    # kept in host memory, then on disk (a folder of this worker's own); 0 / "": that tier off.
+    kv_offload_host_gb: float = 0.0
+    kv_offload_disk_path: str = ""
+    kv_offload_disk_gb: float = 0.0
 
     @property
     def speculates(self) -> bool:
@@ -82,5 +87,26 @@ class EngineConfig:
                 f"speculative: must be one of {', '.join(SPECULATIVE_METHODS)}, "
                 f"got {self.speculative!r}"
             )
+        self._check_offload()
         if not isinstance(self.policy, SchedulingPolicy):
             object.__setattr__(self, "policy", SchedulingPolicy(self.policy))
+
+    def _check_offload(self) -> None:
+        for name in ("kv_offload_host_gb", "kv_offload_disk_gb"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0 (GB), got {getattr(self, name)}")
+        if bool(self.kv_offload_disk_path) != bool(self.kv_offload_disk_gb):
+            raise ValueError(
+                "kv_offload_disk_gb: a disk tier needs both kv_offload_disk_path and "
+                f"kv_offload_disk_gb > 0, got {self.kv_offload_disk_path!r} and "
+                f"{self.kv_offload_disk_gb}"
+            )
+        if self.kv_offload_enabled and not self.enable_prefix_caching:
+            raise ValueError(
+                "kv_offload_host_gb: KV offload keeps prefix blocks: it needs the "
+                "prefix cache (drop --no-prefix-cache)"
+            )
+
+    @property
+    def kv_offload_enabled(self) -> bool:
+        return self.kv_offload_host_gb > 0 or self.kv_offload_disk_gb > 0

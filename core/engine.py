@@ -19,6 +19,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.intake import RequestIntake
 from pdserve.core.kv.block_pool import cache_root
 from pdserve.core.kv.cache import DTYPES, KVCache, KVLayout
+from pdserve.core.kv.offload import build_offload
 from pdserve.core.model.config import ModelConfig, load_model_config
 from pdserve.core.model.forward import load_model
 from pdserve.core.model_runner import ModelRunner
@@ -111,6 +112,9 @@ class LLMEngine:
             Speculator(proposer, config.num_speculative_tokens) if proposer is not None else None
         )
         self.scheduler.kv_manager.cache_root = cache_root(f"{self.model_config!r}|{self.layout!r}")
+        self.offload = build_offload(config, kv_cache)
+        if self.offload is not None:
+            self.scheduler.kv_manager.attach_offload(self.offload)
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()
@@ -274,8 +278,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def close(self) -> None:
-        """Stops what the engine runs outside its own thread (a tier's UCX endpoints) before the
-        interpreter exits: left running there, their threads can hang the process's exit."""
+        """Stops what the engine runs outside its own thread (a tier's UCX endpoints, the KV
+        disk tier's writer) before the interpreter exits: left running there, their threads can
+        hang the process's exit. Tiers that override it call it last."""
+        if self.offload is not None:
+            self.offload.close()
 
     def _may_draft(self, request: Request) -> bool:
         """Whether `request` may draft (when its next step decodes): every request here; a tier

@@ -63,6 +63,10 @@ class LLM:
             )
         ]
 
+    def close(self) -> None:
+        """Stops the engine's own threads (the KV disk tier's writer lands what it holds first)."""
+        self.engine.close()
+
     def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
         """Queues every prompt, or none: a bad one takes back those queued before it."""
         ids: list[str] = []

@@ -123,6 +123,7 @@ class DecodeEngine(LLMEngine):
     def close(self) -> None:
         self.receiver.close()
         self.outgoing.close()
+        super().close()
 
     # -- commands (engine thread) ---------------------------------------------------------
 

@@ -84,6 +84,7 @@ class PrefillEngine(LLMEngine):
 
     def close(self) -> None:
         self.sender.close()
+        super().close()
 
     def submit(
         self,

@@ -6,7 +6,9 @@ hash (`chain_hashes`: its tokens chained with its parent's hash, so equal hashes
 prefixes). When its last owner frees it, it stays cached with ref count 0: it counts as free and a
 later request with the same prefix can take it back (`take_cached`) instead of computing it again.
 `allocate` hands out never-cached free blocks first and evicts cached ones least recently freed
-first, so the cache costs no capacity: it only keeps what nobody has needed yet.
+first, so the cache costs no capacity: it only keeps what nobody has needed yet. An evicted
+block's content may live on below the pool (`on_evict`, core/kv/offload.py): the pool tells it
+which block and hash it is evicting before it hands the block out.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 BlockHash = bytes
 
@@ -60,6 +62,8 @@ class BlockPool:
         self._hash_of: dict[int, BlockHash] = {}
         self._block_of: dict[BlockHash, int] = {}
         self.num_evictions = 0
+        # Called with (block id, hash) as a cached block is evicted, its content still intact.
+        self.on_evict: Callable[[int, BlockHash], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -93,8 +97,11 @@ class BlockPool:
         if self._free:
             return self._free.popleft()
         block_id, _ = self._free_cached.popitem(last=False)
-        del self._block_of[self._hash_of.pop(block_id)]
+        block_hash = self._hash_of.pop(block_id)
+        del self._block_of[block_hash]
         self.num_evictions += 1
+        if self.on_evict is not None:
+            self.on_evict(block_id, block_hash)
         return block_id
 
     def share(self, ids: list[int]) -> None:

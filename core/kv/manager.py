@@ -20,6 +20,10 @@ all before them, not of the blocks before it, so a later request with the same p
 the blocks of its own window back (`take_cached_prefix` looks only for those) even after the
 blocks before them were evicted.
 
+With KV offload (`core/kv/offload.py`) the prefix cache reaches below the pool: a block the pool
+evicts is kept in host memory or on disk, and a request whose leading blocks a lower tier holds
+gets them copied into fresh pool blocks (`take_cached_prefix`) instead of computing them.
+
 The prefix-cache counters live here too, so that every path that takes a cached prefix counts
 its hits the same way: `num_prefix_query_tokens` are the tokens of requests that looked, and
 `num_prefix_hit_tokens` those they found cached.
@@ -28,9 +32,11 @@ its hits the same way: `num_prefix_query_tokens` are the tokens of requests that
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from pdserve.core.config import EngineConfig
 from pdserve.core.kv.block_pool import BlockHash, BlockPool, blocks_for, chain_hashes
+from pdserve.core.kv.offload import KVOffload
 from pdserve.core.kv.sliding_window import (
     NULL_BLOCK,
     first_live_block,
@@ -40,6 +46,7 @@ from pdserve.core.kv.sliding_window import (
 from pdserve.core.request import Request
 
 BlockPair = tuple[int, int]  # (source block, destination block) of one copy
+BELOW: Final = -2  # a prefix block a tier below the pool holds: promoted if the prefix is taken
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,12 @@ class KVCacheManager:
         self.num_prefix_hit_tokens = 0
         self.num_reused_blocks = 0  # prompt blocks reservations found cached: they never traveled
         self.num_window_freed_blocks = 0  # blocks `slide` gave back: out of every future window
+        self.offload: KVOffload | None = None
+
+    def attach_offload(self, offload: KVOffload) -> None:
+        """Keeps the blocks the pool evicts in `offload`'s tiers, and looks there for prefixes."""
+        self.offload = offload
+        self.block_pool.on_evict = offload.demote
 
     def usage(self) -> KVUsage:
         pool = self.block_pool
@@ -99,27 +112,68 @@ class KVCacheManager:
             return 0
         usable = (request.target_tokens - 1) // self.block_size
         hashes = self._block_hashes(request)[:usable]
-        if self.sliding_window is None:
-            table = self.block_pool.cached_prefix(hashes)
-        else:
-            table = self._cached_window(hashes)
-        self.block_pool.take_cached(live_blocks(table))
-        request.block_ids = table
-        request.num_computed_tokens = len(table) * self.block_size
+        found = [self._cached_block(block_hash) for block_hash in hashes]
+        first, end = self._cached_span(found)
+        request.block_ids = self._take_span(found, hashes, first, end)
+        request.num_computed_tokens = len(request.block_ids) * self.block_size
         return request.num_computed_tokens
 
-    def _cached_window(self, hashes: list[BlockHash]) -> list[int]:
-        """The table of the longest prefix of `hashes` whose blocks in the window of the next
-        query are all cached: `NULL_BLOCK` before that window, the cached blocks in it."""
-        found = [self.block_pool.cached_block(block_hash) for block_hash in hashes]
-        for num_blocks in range(len(found), 0, -1):
-            first = first_live_block(
-                num_blocks * self.block_size, self.sliding_window, self.block_size
-            )
-            in_window = found[first:num_blocks]
-            if all(block_id is not None for block_id in in_window):
-                return [NULL_BLOCK] * first + [b for b in in_window if b is not None]
-        return []
+    def _cached_block(self, block_hash: BlockHash) -> int | None:
+        """The pool block holding `block_hash`, `BELOW` when only a lower tier does, or None."""
+        block_id = self.block_pool.cached_block(block_hash)
+        if block_id is None and self.offload is not None and self.offload.holds(block_hash):
+            return BELOW
+        return block_id
+
+    def _cached_span(self, found: list[int | None]) -> tuple[int, int]:
+        """The table slots `[first, end)` of the longest cached prefix: all of its leading found
+        blocks under full attention; with a sliding window, the longest prefix whose blocks in
+        the window of the next query are all found (the slots before `first` stay empty)."""
+        if self.sliding_window is None:
+            end = next((index for index, block in enumerate(found) if block is None), len(found))
+            return 0, end
+        for end in range(len(found), 0, -1):
+            first = first_live_block(end * self.block_size, self.sliding_window, self.block_size)
+            if all(block_id is not None for block_id in found[first:end]):
+                return first, end
+        return 0, 0
+
+    def _take_span(
+        self, found: list[int | None], hashes: list[BlockHash], first: int, end: int
+    ) -> list[int]:
+        """The table of the span: a reference on each pool block, lower tiers' blocks promoted
+        into fresh ones. A promotion that fails (no free block, a block lost below) ends the
+        prefix there; with a sliding window the prefix is then dropped whole (a shorter one
+        would need blocks before `first`)."""
+        in_pool = [block for block in found[first:end] if block is not None and block != BELOW]
+        self.block_pool.take_cached(in_pool)
+        table = [NULL_BLOCK] * first
+        for index in range(first, end):
+            block_id = found[index]
+            if block_id == BELOW:
+                block_id = self._promote(hashes[index])
+            if block_id is None:
+                untaken = [b for b in found[index + 1 : end] if b is not None and b != BELOW]
+                self.block_pool.free(untaken)
+                if self.sliding_window is not None:
+                    self.block_pool.free(live_blocks(table))
+                    return []
+                break
+            table.append(block_id)
+        return table
+
+    def _promote(self, block_hash: BlockHash) -> int | None:
+        """A fresh pool block holding `block_hash`'s rows from a lower tier, registered; None
+        (nothing held) when no block is free or the tier lost it."""
+        assert self.offload is not None  # only BELOW blocks are promoted
+        ids = self.block_pool.allocate(1)
+        if ids is None:
+            return None
+        if self.offload.promote(block_hash, ids[0]) is None:
+            self.block_pool.free(ids)
+            return None
+        self.block_pool.register(ids[0], block_hash)
+        return ids[0]
 
     def count_prefix_query(self, request: Request) -> None:
         """Counts a request that took its cached prefix (`take_cached_prefix`) and stays: all its

@@ -81,8 +81,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             add_flag(group, flag, str, default, help_text, list(SPECULATIVE_METHODS))
         elif field.name == "enable_prefix_caching":
             _add_no_prefix_cache(group)
+        elif field.name in OFFLOAD_HELP:
+            add_flag(group, flag, type(default), default, OFFLOAD_HELP[field.name])
         else:
             add_flag(group, flag, int, default, field.name.replace("_", " "))
+
+
+OFFLOAD_HELP = {
+    "kv_offload_host_gb": "host memory (GB) keeping prefix blocks the KV pool evicts (0: none; "
+    "docs/kv_offload.md)",
+    "kv_offload_disk_path": "this worker's own folder for prefix blocks the host tier evicts "
+    "(reused after a restart; '': no disk tier)",
+    "kv_offload_disk_gb": "most GB of blocks in --kv-offload-disk-path",
+}
 
 
 def _add_no_prefix_cache(group: argparse._ArgumentGroup) -> None:
