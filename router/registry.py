@@ -258,6 +258,8 @@ class WorkerPool(Generic[StubT]):
         if not worker.healthy:
             log.info("%s worker %s healthy", self.tier.value, worker.address)
         worker.report, worker.healthy, worker.dispatched_since_poll = report, True, 0
+        if self.prefix_map is not None:
+            self.prefix_map.set_capacity(worker.address, report.num_cacheable_blocks)
         worker.sent_prompts = worker.sent_prompt_tokens = 0
         worker.slow = False
         worker.failed_polls = 0

@@ -59,6 +59,7 @@ class KVUsage:
     num_evictions: int  # cached blocks reused for other KV
     num_swap_blocks: int
     num_free_swap_blocks: int
+    num_offload_blocks: int  # blocks the offload tiers below the pool can hold
 
     @property
     def fraction_used(self) -> float:
@@ -99,6 +100,7 @@ class KVCacheManager:
             num_evictions=pool.num_evictions,
             num_swap_blocks=self.swap_pool.num_blocks,
             num_free_swap_blocks=self.swap_pool.num_free,
+            num_offload_blocks=0 if self.offload is None else self.offload.capacity_blocks,
         )
 
     # -- prefix cache ------------------------------------------------------------------------

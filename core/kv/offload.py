@@ -63,6 +63,12 @@ class KVOffload:
         self.stats = OffloadStats()
 
     @property
+    def capacity_blocks(self) -> int:
+        """Blocks the tiers can hold, all together."""
+        host = 0 if self.host is None else self.host.num_blocks
+        return host + (0 if self.disk is None else self.disk.capacity_blocks)
+
+    @property
     def block_nbytes(self) -> int:
         return self.pool.layout.block_nbytes
 

@@ -19,6 +19,7 @@ class EngineLoad:
     num_pending_prompt_tokens: int  # prompt tokens accepted and not yet computed
     num_free_blocks: int
     num_total_blocks: int
+    num_cacheable_blocks: int  # KV blocks plus the offload tiers' (prefix blocks kept for reuse)
 
 
 def load_of(scheduler: Scheduler) -> EngineLoad:
@@ -33,6 +34,7 @@ def load_of(scheduler: Scheduler) -> EngineLoad:
         num_pending_prompt_tokens=_prompt_left(waiting) + _prompt_left(running),
         num_free_blocks=usage.num_free_blocks,
         num_total_blocks=usage.num_blocks,
+        num_cacheable_blocks=usage.num_blocks + usage.num_offload_blocks,
     )
 
 

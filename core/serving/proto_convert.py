@@ -90,6 +90,7 @@ def load_to_proto(
         num_running=load.num_running,
         num_free_blocks=load.num_free_blocks,
         num_total_blocks=load.num_total_blocks,
+        num_cacheable_blocks=load.num_cacheable_blocks,
         num_context_tokens=load.num_context_tokens,
         num_pending_prompt_tokens=load.num_pending_prompt_tokens,
     )

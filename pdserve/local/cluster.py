@@ -210,6 +210,23 @@ class Launch:
     cpu_group: CpuGroup | None = None  # its pod's CPU quota (`pdserve up --pod-cpus`)
 
 
+# Flags naming a folder that must be a worker's own: each worker gets a subfolder named after it
+# (stable across its restarts, so a restarted worker finds what it left there).
+WORKER_FOLDER_FLAGS = ("--kv-offload-disk-path",)
+
+
+def worker_folders(args: tuple[str, ...], worker: str) -> list[str]:
+    """`args` with each WORKER_FOLDER_FLAGS value turned into its subfolder `worker`."""
+    out = list(args)
+    for index, arg in enumerate(out):
+        flag, equals, value = arg.partition("=")
+        if flag in WORKER_FOLDER_FLAGS and equals and value:
+            out[index] = f"{flag}={Path(value) / worker}"
+        elif arg in WORKER_FOLDER_FLAGS and index + 1 < len(out) and out[index + 1]:
+            out[index + 1] = str(Path(out[index + 1]) / worker)
+    return out
+
+
 def spawn(spec: ClusterSpec, launch: Launch, log_dir: Path | None) -> Process:
     """Starts `pdserve ROLE` as `launch` says, its output in `log_dir/ROLE-INDEX.log`."""
     role, index = launch.role, launch.index
@@ -230,7 +247,7 @@ def spawn(spec: ClusterSpec, launch: Launch, log_dir: Path | None) -> Process:
         "--drain-grace-seconds",
         str(spec.drain_grace_seconds),
         *(spec.tls.args(role) if spec.tls is not None else []),
-        *launch.extra,
+        *worker_folders(launch.extra, f"{role}-{index}"),
     ]
     output: int | BinaryIO = subprocess.DEVNULL
     if log_dir is not None:

@@ -74,6 +74,20 @@ def test_the_map_matches_leading_blocks_only_and_stays_bounded() -> None:
     assert prefixes.matched("a", prefixes.hashes(shared)) == 0
 
 
+def test_a_worker_that_keeps_more_blocks_is_remembered_with_more() -> None:
+    """A worker with KV offload tiers reports how many prefix blocks it keeps (Load's
+    num_cacheable_blocks): the map keeps that many of its own, never fewer than its default."""
+    prefixes = PrefixMap(block_size=4, max_blocks=2)
+    prefixes.set_capacity("offloading", 5)
+    prefixes.set_capacity("small", 1)
+    for worker in ("offloading", "small"):
+        prefixes.record(worker, prefixes.hashes(list(range(100, 128))))  # seven blocks
+    assert (prefixes.num_blocks("offloading"), prefixes.num_blocks("small")) == (5, 2)
+    prefixes.forget("offloading")  # a new process behind the address: it reports afresh
+    prefixes.record("offloading", prefixes.hashes(list(range(100, 128))))
+    assert prefixes.num_blocks("offloading") == 2
+
+
 def _prompt(head: int, tail: int) -> list[int]:
     return [head] * 64 + [tail] * 20  # four shared 16-token blocks, then a distinct tail
 
