@@ -3,9 +3,9 @@
 Each module defines `add_arguments(parser)` and `run(args) -> int`, and only the chosen one is
 imported (pdserve/commands.py: `--help` loads no benchmark, hence no torch). The families are
 packages: offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving),
-migration/ (moving streams between decode workers), pods/ (CPU-limited pods), peers/ (side by
-side with llama.cpp), router/ (the router's relay capacity), sjf/ (scheduling policies), micro/
-(one mechanism each).
+migration/ (moving streams between decode workers), offload/ (KV offload tiers), pods/
+(CPU-limited pods), peers/ (side by side with llama.cpp), router/ (the router's relay capacity),
+sjf/ (scheduling policies), micro/ (one mechanism each).
 """
 
 from __future__ import annotations
@@ -51,6 +51,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "grammar-libraries": (
         "pdserve.bench.micro.grammar_libraries",
         "xgrammar vs llguidance vs outlines-core (where installed): compile and mask times",
+    ),
+    "offload": (
+        "pdserve.bench.offload.cli",
+        "KV offload tiers (none, host, host+disk) on multi-turn traffic through pdserve up",
+    ),
+    "make-multiturn-workload": (
+        "pdserve.bench.offload.workload",
+        "write the shipped multi-turn workload of `bench offload` (interleaved conversations)",
     ),
     "peers": ("pdserve.bench.peers.cli", "pdserve side by side with llama.cpp"),
     "router": ("pdserve.bench.router.cli", "the router's overhead and relay over fake tiers"),

@@ -22,6 +22,9 @@ def register_prefix_cache_gauges(tier: str, engine: LLMEngine) -> None:
     Gauge(f"{prefix}_hit_tokens", "Admitted tokens whose KV was cached").set_function(
         lambda: kv_manager.num_prefix_hit_tokens
     )
+    Gauge(f"{prefix}_query_tokens", "Admitted tokens looked up in the cache").set_function(
+        lambda: kv_manager.num_prefix_query_tokens
+    )
     Gauge(f"{prefix}_blocks", "Blocks holding a reusable prefix").set_function(
         lambda: kv_manager.usage().num_cached_blocks
     )
