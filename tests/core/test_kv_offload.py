@@ -76,6 +76,23 @@ def test_prefixes_come_back_from_below_with_transformers_tokens(
         assert promoted(llm) > 0 and hits == reusable
 
 
+def test_speculative_steps_write_no_partial_block_down(
+    model_dir: Path,
+    shared_prompts: list[list[int]],
+    shared_hf_greedy: list[list[int]],
+    tmp_path: Path,
+) -> None:
+    """n-gram drafts write KV past the verified tokens and roll back; only registered blocks
+    (full, verified) move down, so the second pass is exact."""
+    llm = offload_llm(model_dir, "host+disk", tmp_path, speculative="ngram")
+    assert greedy(llm, shared_prompts) == shared_hf_greedy
+    evict_every_cached_block(llm)
+    assert greedy(llm, shared_prompts) == shared_hf_greedy
+    assert promoted(llm) > 0 and llm.engine.stats().num_drafted_tokens > 0
+    assert_engine_empty(llm)
+    llm.close()
+
+
 def test_a_worker_restarted_on_its_disk_folder_reuses_the_blocks(
     model_dir: Path,
     shared_prompts: list[list[int]],
