@@ -11,6 +11,7 @@ from pdserve.core.serving.tls import ChannelTls
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 from pdserve.router.placement.worker_choice import RoutingPolicy
+from pdserve.router.tenants import TenantConfig
 
 _PLACEMENT_DEFAULTS = PlacementConfig()
 
@@ -102,6 +103,8 @@ class RouterConfig:
     # is refused at once (router/slo_admission.py). Needs the cost model (`costs`).
     slo_ttft_seconds: float | None = None
     slo_tpot_seconds: float | None = None
+    # Who requests are for, their weights and rate limits (--tenants; router/tenants.py).
+    tenants: TenantConfig = field(default_factory=TenantConfig)
 
     def __post_init__(self) -> None:
         for name in (

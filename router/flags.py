@@ -21,6 +21,7 @@ from pdserve.router.config import RelayMode, RequestCaps, RouterConfig
 from pdserve.router.placement.prefill_place import PlacementMode
 from pdserve.router.placement.worker_choice import RoutingPolicy
 from pdserve.router.targets import parse_targets
+from pdserve.router.tenants import TenantConfig, load_tenants
 
 ROUTER_PORT = 50051
 ROUTER_METRICS_PORT = 9100
@@ -54,6 +55,14 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         int,
         defaults.max_queue,
         "requests in flight in the router before new ones get RESOURCE_EXHAUSTED",
+    )
+    add_flag(
+        group,
+        "--tenants",
+        Path,
+        None,
+        "YAML file of tenants: weights (shares of --max-queue), rate limits, API keys "
+        "(docs/admission.md)",
     )
     add_flag(
         group,
@@ -277,6 +286,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         http_request_timeout_seconds=args.http_request_timeout_seconds,
         slo_ttft_seconds=args.slo_ttft,
         slo_tpot_seconds=args.slo_tpot,
+        tenants=TenantConfig() if args.tenants is None else load_tenants(args.tenants),
     )
     parse_targets("--prefill", config.prefill_targets, allow_empty=True)  # fail at start-up
     parse_targets("--decode", config.decode_targets)

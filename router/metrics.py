@@ -97,12 +97,20 @@ STEP_CORRECTION = Gauge(
     "1: too few steps yet). Only with --profile",
     ["phase", "tier", "worker"],
 )
+TENANT_REQUESTS = Counter(
+    "pdserve_router_tenant_requests",
+    "Requests by tenant (as --tenants lists it; others: unlisted) and outcome: admitted, or "
+    "refused for queue_full, fair_share, displaced, tenant_rate (router/places.py, tenants.py)",
+    ["tenant", "outcome"],
+)
 ADMISSION_REFUSALS = Counter(
     "pdserve_router_admission_refusals",
     "Requests refused at once because their predicted TTFT or TPOT missed their SLO "
     "(router/slo_admission.py), by which (reason)",
     ["reason"],
 )
+for _reason in ("ttft", "tpot"):  # exported at 0 from the start, for dashboards and alerts
+    ADMISSION_REFUSALS.labels(_reason)
 TTFT_PREDICTION_RATIO = Histogram(
     "pdserve_router_ttft_prediction_ratio",
     "Measured / predicted time to first token of the requests admitted under an SLO: the "

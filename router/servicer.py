@@ -27,6 +27,7 @@ from pdserve.router.samples import (
     merge_responses,
     sample_requests,
 )
+from pdserve.router.tenants import tenant_of
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import decode_pb2, generation_pb2, generation_pb2_grpc
 
@@ -46,7 +47,11 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> generation_pb2.GenerateResponse:
         clock = RequestClock()
-        async with self._answering("Generate", context), self.admission.admitted(request) as valid:
+        tenant = self._tenant(context)
+        async with (
+            self._answering("Generate", context),
+            self.admission.admitted(request, tenant) as valid,
+        ):
             samples = sample_requests(valid)
             clocks = clocks_for(samples, clock)
             calls = [self._collect(s, context, c) for s, c in zip(samples, clocks, strict=True)]
@@ -57,9 +62,10 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
         self, request: generation_pb2.GenerateRequest, context: Context
     ) -> AsyncIterator[generation_pb2.GenerateStreamResponse]:
         clock = RequestClock()
+        tenant = self._tenant(context)
         async with (
             self._answering("GenerateStream", context),
-            self.admission.admitted(request) as valid,
+            self.admission.admitted(request, tenant) as valid,
         ):
             samples = sample_requests(valid)
             if len(samples) == 1:
@@ -96,6 +102,17 @@ class RouterServicer(generation_pb2_grpc.GenerationServicer):  # type: ignore[mi
             ),
             eos_token_ids=list(limits.eos_token_ids),
         )
+
+    def _tenant(self, context: Context) -> str:
+        """The call's tenant: an API key or tenant header in its metadata, else the names on
+        its client certificate (mTLS), else `default` (router/tenants.py)."""
+        auth = context.auth_context()
+        names = [
+            name.decode(errors="replace")
+            for key in ("x509_common_name", "x509_subject_alternative_name")
+            for name in auth.get(key, [])
+        ]
+        return tenant_of(self.admission.tenants, context.invocation_metadata() or (), names)
 
     @contextlib.asynccontextmanager
     async def _answering(self, method: str, context: Context) -> AsyncIterator[None]:

@@ -25,6 +25,7 @@ from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to
 from pdserve.core.text.chat import ChatTokenizer
 from pdserve.core.text.tokenizer import load_tokenizer
 from pdserve.router.config import RequestCaps
+from pdserve.router.places import Holder
 from pdserve.router.slo_admission import NO_SLO, Slo
 from pdserve.v1 import common_pb2, generation_pb2
 
@@ -81,6 +82,9 @@ class ValidatedRequest:
     # A migration's run: the output already streamed to the client, which the next worker
     # computes after the prompt and continues from (dispatch.py).
     resumed_output_token_ids: tuple[int, ...] = ()
+    # The --max-queue places it holds (router/places.py): its first token marks it started, no
+    # longer displaceable. None for requests that hold none (benchmarks' direct dispatches).
+    places: Holder | None = None
 
     def to_work(
         self, resumed_output_token_ids: Sequence[int] | None = None

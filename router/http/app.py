@@ -39,6 +39,7 @@ from pdserve.router.http.door import Call, answer
 from pdserve.router.http.errors import UnknownModelError, api_error, on_validation_error
 from pdserve.router.http.responses import Endpoint
 from pdserve.router.http.schemas import ChatCompletionRequest, CompletionRequest
+from pdserve.router.tenants import tenant_of
 
 
 def build_app(admission: Admission, ready: Callable[[], bool]) -> FastAPI:
@@ -98,7 +99,10 @@ async def _answer(
         return refusal.response()
     timeout = admission.config.http_request_timeout_seconds
     deadline = Deadline.after(timeout or None)
-    call = Call(admission, endpoint, model, request, body.params(), deadline, body.include_usage)
+    tenant = tenant_of(admission.tenants, list(http.headers.items()), ())
+    call = Call(
+        admission, endpoint, model, request, body.params(), deadline, body.include_usage, tenant
+    )
     return await answer(http, call, body.stream)
 
 

@@ -31,6 +31,7 @@ from pdserve.router.errors import to_status
 from pdserve.router.http.errors import api_error
 from pdserve.router.http.responses import Answer, Body, Completion, Endpoint, finish_reason
 from pdserve.router.samples import clocks_for, gather_all, interleave, sample_requests
+from pdserve.router.tenants import DEFAULT_TENANT
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, generation_pb2
 
@@ -55,6 +56,7 @@ class Call:
     # OpenAI's API sends none: the router's --http-request-timeout-seconds from the arrival.
     deadline: Deadline
     include_usage: bool = False
+    tenant: str = DEFAULT_TENANT  # from its headers (router/tenants.py)
 
 
 async def answer(http: Request, call: Call, stream: bool) -> Response:
@@ -94,7 +96,7 @@ async def _disconnected(http: Request) -> None:
 async def _whole(call: Call) -> Body:
     clock = RequestClock()
     with _counted(call.endpoint):
-        async with call.admission.admitted(call.request) as valid:
+        async with call.admission.admitted(call.request, call.tenant) as valid:
             samples = sample_requests(valid)
             clocks = clocks_for(samples, clock)
             calls = [_collect(call, s, c) for s, c in zip(samples, clocks, strict=True)]
@@ -120,7 +122,7 @@ async def _events(call: Call) -> AsyncGenerator[str, None]:
     started: set[int] = set()
     try:
         with _counted(call.endpoint):
-            async with call.admission.admitted(call.request) as valid:
+            async with call.admission.admitted(call.request, call.tenant) as valid:
                 reply = Answer(call.endpoint, valid.client_request_id, call.model)
                 samples = sample_requests(valid)
                 clocks = clocks_for(samples, clock)

@@ -54,6 +54,9 @@ process binds with --port, readiness asks for the role's service name, liveness 
 {{- with $cfg.sloTpotSeconds }}
 - --slo-tpot={{ . }}
 {{- end }}
+{{- if or $cfg.tenants $cfg.tenantsSecret }}
+- --tenants=/etc/pdserve/tenants/tenants.yaml
+{{- end }}
 {{- end }}
 {{- /* The router tokenizes and renders the chat template: it must read the workers' model. */}}
 - --model={{ .root.Values.model.path }}
@@ -116,6 +119,14 @@ gives its pods (without a limit, the node's allocatable cores: torch's own defau
     resourceFieldRef:
       resource: limits.cpu
       divisor: "1"
+{{- with .root.Values.kvOffloadDisk }}
+{{- if .enabled }}
+- name: PDSERVE_KV_OFFLOAD_DISK_PATH
+  value: /var/cache/pdserve/kv
+- name: PDSERVE_KV_OFFLOAD_DISK_GB
+  value: {{ .sizeGb | toString | quote }}
+{{- end }}
+{{- end }}
 {{- with .root.Values.ucx }}
 {{- if .tls }}
 - name: UCX_TLS
@@ -162,6 +173,9 @@ metadata:
   annotations:
     {{- if ne .role "router" }}
     checksum/engine: {{ include "pdserve.engineSettings" . | sha256sum }}
+    {{- else if $cfg.tenants }}
+    # The router reads --tenants at start: a changed file rolls its pods.
+    checksum/tenants: {{ toYaml $cfg.tenants | sha256sum }}
     {{- end }}
     {{- if $root.Values.metrics.podAnnotations }}
     prometheus.io/scrape: "true"
@@ -249,6 +263,15 @@ spec:
           mountPath: /etc/pdserve/tls
           readOnly: true
         {{- end }}
+        {{- if and (eq .role "router") (or $cfg.tenants $cfg.tenantsSecret) }}
+        - name: tenants
+          mountPath: /etc/pdserve/tenants
+          readOnly: true
+        {{- end }}
+        {{- if and (ne .role "router") $root.Values.kvOffloadDisk.enabled }}
+        - name: kv-offload
+          mountPath: /var/cache/pdserve/kv
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir:
@@ -265,6 +288,27 @@ spec:
       secret:
         secretName: {{ required (printf "tls.%sSecret: needed while tls.enabled" .role) (index $root.Values.tls (printf "%sSecret" .role)) }}
         defaultMode: 0440
+    {{- end }}
+    {{- if and (eq .role "router") (or $cfg.tenants $cfg.tenantsSecret) }}
+    - name: tenants
+      {{- if $cfg.tenantsSecret }}
+      secret:
+        secretName: {{ $cfg.tenantsSecret }}
+      {{- else }}
+      configMap:
+        name: {{ include "pdserve.componentName" . }}-tenants
+      {{- end }}
+    {{- end }}
+    {{- with $root.Values.kvOffloadDisk }}
+    {{- if and (ne $.role "router") .enabled }}
+    - name: kv-offload
+      {{- if .volume }}
+      {{- toYaml .volume | nindent 6 }}
+      {{- else }}
+      emptyDir:
+        sizeLimit: {{ mulf .sizeGb 1100 | ceil | int }}M
+      {{- end }}
+    {{- end }}
     {{- end }}
   {{- with $cfg.nodeSelector }}
   nodeSelector:
