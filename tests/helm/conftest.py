@@ -137,6 +137,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "ucx": {"netDevices": "eth0", "tcpPortRange": "50100-50200"},
         "model": {"volume": {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}}},
     },
+    "tenants-and-kv-offload": {
+        "router": {"tenants": {"tenants": {"batch": {"weight": 1, "tokens_per_second": 2000}}}},
+        "engine": {"kvOffloadHostGb": 1},
+        "kvOffloadDisk": {"enabled": True, "sizeGb": 8},
+    },
     "tls-and-network-policy": {
         "tls": {
             "enabled": True,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 Manifest = dict[str, Any]
 Render = Callable[[dict[str, Any], str, str], list[Manifest]]
@@ -352,3 +353,35 @@ def test_router_placement_values_become_its_flags(render: Render) -> None:
     defaults = container(render({}, RELEASE, NAMESPACE), "router")["args"]
     assert flag(defaults, "--placement") is None
     assert flag(defaults, "--slo-ttft") is None
+
+
+def test_tenants_and_kv_offload_values_reach_their_pods(render: Render) -> None:
+    tenants = {"default": {"weight": 1}, "tenants": {"batch": {"tokens_per_second": 2000}}}
+    objects = render(
+        {
+            "router": {"tenants": tenants},
+            "engine": {"kvOffloadHostGb": 1},
+            "kvOffloadDisk": {"enabled": True, "sizeGb": 4},
+        },
+        RELEASE,
+        NAMESPACE,
+    )
+    tenants_file = one(objects, "ConfigMap", f"{name_of('router')}-tenants")["data"]
+    assert yaml.safe_load(tenants_file["tenants.yaml"]) == tenants
+    for role in ROLES:
+        main = container(objects, role)
+        pod = one(objects, "Deployment", name_of(role))["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        if role == "router":
+            assert flag(main["args"], "--tenants") == "/etc/pdserve/tenants/tenants.yaml"
+            assert mounts["tenants"] == "/etc/pdserve/tenants"
+            assert "kv-offload" not in volumes and "PDSERVE_KV_OFFLOAD_DISK_PATH" not in env
+            continue
+        assert flag(main["args"], "--tenants") is None and "tenants" not in volumes
+        assert env["PDSERVE_KV_OFFLOAD_DISK_PATH"] == mounts["kv-offload"]
+        assert env["PDSERVE_KV_OFFLOAD_DISK_GB"] == "4"
+        assert volumes["kv-offload"]["emptyDir"]["sizeLimit"] == "4400M"  # 10 % headroom
+        engine = one(objects, "ConfigMap", main["envFrom"][0]["configMapRef"]["name"])["data"]
+        assert engine["PDSERVE_KV_OFFLOAD_HOST_GB"] == "1"
