@@ -11,7 +11,8 @@ no HPA: an HPA cannot hold a Deployment at zero). The router gets the placement 
 `--disagg-threshold` and `--max-prefill-queue`). An adaptive plan also gives the router the
 workers' token budget a step (`router.maxNumBatchedTokens`); its cost model comes from
 `router.profile`: a path in the router's pod to the profile the plan was made with, which the
-operator provides (the chart does not mount one).
+operator provides (the chart does not mount one). A plan made with admission on gives the router
+its SLOs (`router.sloTtftSeconds`, `router.sloTpotSeconds`), which need that profile too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def helm_values(plan: Candidate, rate: float, peak_rate: float) -> dict[str, Any
             "maxPrefillQueue": deployment.placement.max_prefill_queue,
             "placement": deployment.placement.mode.value,
         }
-        | _cost_model(plan),
+        | _cost_model(plan)
+        | _admission(plan),
         "prefill": _tier(
             deployment.num_prefill, scale, PREFILL_METRIC, plan.prefill_load, prefill_engine
         ),
@@ -50,6 +52,15 @@ def _cost_model(plan: Candidate) -> dict[str, int]:
     if not plan.deployment.adaptive:
         return {}
     return {"maxNumBatchedTokens": plan.deployment.decode_config.max_num_batched_tokens}
+
+
+def _admission(plan: Candidate) -> dict[str, float]:
+    """The SLOs the plan's router refused predicted misses of (docs/admission.md)."""
+    slo = plan.deployment.admission
+    if slo is None:
+        return {}
+    values = {"sloTtftSeconds": slo.ttft_s, "sloTpotSeconds": slo.tpot_s}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def _engine(plan: Candidate, tier: str) -> dict[str, int]:

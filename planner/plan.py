@@ -9,6 +9,12 @@ when the search space includes it (`pdserve plan --placements threshold,adaptive
 placement, simulated with the router's own decision function.
 The first total with a candidate that meets both SLOs wins, and among its candidates the one with
 the lowest TTFT p90. Every candidate tried is kept for the table.
+
+With admission on (`pdserve plan --admission predict`) every candidate's router refuses requests
+predicted to miss the SLOs (the router's own `router/slo_admission.py`, in the simulation): a
+candidate then meets the SLOs when its admitted requests do and it refused at most
+`max_refused` of them, so the plan sizes for goodput with rejection on instead of for serving
+every request.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pdserve.planner.sim_report import summarize
 from pdserve.planner.sim_worker import Role
 from pdserve.planner.workload import TraceRequest
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
+from pdserve.router.slo_admission import Slo as RequestSlo
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class SearchSpace:
     max_num_seqs: tuple[int, ...] = (16, 64)
     chunk_budgets: tuple[int, ...] = (256, 2048)
     placements: tuple[PlacementMode, ...] = (PlacementMode.THRESHOLD,)
+    admission: bool = False  # routers refuse predicted misses (--slo-ttft / --slo-tpot)
+    max_refused: float = 0.02  # with admission: the largest refused fraction that still meets
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,8 @@ class Candidate:
     ttft_p90: float
     itl_p99: float
     throughput: float
-    completed_fraction: float
+    completed_fraction: float  # of the requests admitted
+    refused_fraction: float
     prefill_load: float  # mean prompts in a prefill worker (waiting + running)
     decode_running: float  # mean requests running in a decode worker
     meets: bool
@@ -74,7 +84,11 @@ def search(
     for total in range(1, space.max_workers + 1):
         at_total = []
         for deployment in deployments(total, base, space, requests):
-            candidate = evaluate(deployment, profile, requests, slo)
+            if space.admission:
+                deployment = replace(
+                    deployment, admission=RequestSlo(slo.ttft_p90_s, slo.itl_p99_s)
+                )
+            candidate = evaluate(deployment, profile, requests, slo, space.max_refused)
             progress(candidate)
             at_total.append(candidate)
         tried.extend(at_total)
@@ -111,20 +125,28 @@ def _placements(
 
 
 def evaluate(
-    deployment: Deployment, profile: Profile, requests: list[TraceRequest], slo: Slo
+    deployment: Deployment,
+    profile: Profile,
+    requests: list[TraceRequest],
+    slo: Slo,
+    max_refused: float = 0.0,
 ) -> Candidate:
     result = ClusterSim(deployment, profile).run(requests)
     summary = summarize(result)
-    completed = summary["completed"] / max(summary["requests"], 1)
+    admitted = summary["requests"] - summary["refused"]
+    completed = summary["completed"] / max(admitted, 1)
+    refused = summary["refused"] / max(summary["requests"], 1)
     return Candidate(
         deployment=deployment,
         ttft_p90=summary["ttft_p90"],
         itl_p99=summary["itl_p99"],
         throughput=summary["throughput_tokens_per_s"],
         completed_fraction=completed,
+        refused_fraction=refused,
         prefill_load=_mean_load(result, Role.PREFILL),
         decode_running=_mean_running(result),
         meets=completed == 1.0
+        and refused <= max_refused
         and summary["ttft_p90"] <= slo.ttft_p90_s
         and summary["itl_p99"] <= slo.itl_p99_s,
     )
@@ -142,7 +164,7 @@ def _mean_running(result: SimResult) -> float:
 
 TABLE_HEADER = (
     f"{'config':12} {'seqs':>4} {'budget':>6} {'TTFT p90':>9} {'ITL p99':>8} "
-    f"{'tok/s':>7} {'done':>5}  meets"
+    f"{'tok/s':>7} {'done':>5} {'refused':>7}  meets"
 )
 
 
@@ -152,5 +174,6 @@ def format_row(candidate: Candidate) -> str:
         f"{candidate.deployment.name:12} {engine.max_num_seqs:4} "
         f"{engine.max_num_batched_tokens:6} {candidate.ttft_p90:8.3f}s "
         f"{candidate.itl_p99 * 1e3:6.0f}ms {candidate.throughput:7.1f} "
-        f"{candidate.completed_fraction:5.0%}  {'yes' if candidate.meets else 'no'}"
+        f"{candidate.completed_fraction:5.0%} {candidate.refused_fraction:7.1%}  "
+        f"{'yes' if candidate.meets else 'no'}"
     )

@@ -56,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PlacementMode.THRESHOLD.value,
         help="router placements to try, comma-separated: threshold, adaptive (docs/router.md)",
     )
+    parser.add_argument(
+        "--admission",
+        choices=["off", "predict"],
+        default="off",
+        help="predict: the router refuses requests predicted to miss the SLOs (docs/admission.md);"
+        " a candidate meets them when its admitted requests do and it refused <= --max-refused",
+    )
+    parser.add_argument("--max-refused", type=float, default=0.02, help="with --admission predict")
     parser.add_argument("--verify", action="store_true", help="run the plan here and compare")
     parser.add_argument("--json", action="store_true", help="one JSON object, no table")
     parser.add_argument("--model", help="model folder for --verify's workers (default: SmolLM2)")
@@ -73,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"pdserve plan: {error}", file=sys.stderr)
         return 2
     slo = Slo(args.slo_ttft_p90, args.slo_itl_p99)
-    space = SearchSpace(max_workers=args.max_workers, placements=placement_modes(args.placements))
+    space = SearchSpace(
+        max_workers=args.max_workers,
+        placements=placement_modes(args.placements),
+        admission=args.admission == "predict",
+        max_refused=args.max_refused,
+    )
     if not args.json:
         print(TABLE_HEADER, flush=True)
     progress = (lambda candidate: None) if args.json else _print_row

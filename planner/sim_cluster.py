@@ -14,7 +14,11 @@ choice (`router/placement/adaptive.py` `place_adaptive`, the same function) pick
 from the workers' exact loads: local on a decode worker, local on a prefill worker it lends streams
 (taken back once they are done, as router/placement/roles.py does), or remote from a given prefill
 worker to a given decode worker. With `itl_slo_s` every worker's scheduler caps its steps' prompt
-tokens (costmodel/step_budget.py), as workers started with `--itl-slo` do.
+tokens (costmodel/step_budget.py), as workers started with `--itl-slo` do. With `admission` (the
+router's `--slo-ttft` / `--slo-tpot`) a request predicted to miss its SLO is refused on arrival,
+by the router's own prediction and verdict (`router/slo_admission.py` `predict` and `judge`, the
+same functions) on the workers' exact loads, for its actual output length (the router forecasts
+it; the simulation knows it).
 
 Each request's prompt is its own but for the prefix its trace line shares (`sim_worker`), so the
 workers' prefix caches hit where the real ones would, on both tiers: a decode worker's
@@ -44,6 +48,7 @@ from pdserve.router.placement.prefill_place import (
     PrefillTierState,
     place_prefill,
 )
+from pdserve.router.slo_admission import Slo, judge, predict
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Deployment:
     decode_share: float = 1.0
     itl_slo_s: float | None = None  # the workers' (and router's) --itl-slo
     itl_slo_mode: ItlMode = ItlMode.STEP  # the workers' --itl-slo-mode
+    admission: Slo | None = None  # the router's --slo-ttft / --slo-tpot (None: admit everything)
 
     def __post_init__(self) -> None:
         if self.num_prefill < 0:
@@ -177,6 +183,8 @@ class ClusterSim:
         )
 
     def _arrive(self, journey: Journey, now: float) -> None:
+        if self._refused(journey):
+            return
         if self.deployment.adaptive:
             self._arrive_adaptive(journey, now)
             return
@@ -188,14 +196,30 @@ class ClusterSim:
             self._decode_of[journey.request_id] = decode
             decode.reserve(now, journey, lambda at: self._send_to_prefill(journey, at))
 
+    def _refused(self, journey: Journey) -> bool:
+        """Whether the router's SLO admission refuses the request on the current loads (its
+        prediction is kept on the journey either way)."""
+        slo = self.deployment.admission
+        if slo is None:
+            return False
+        self._take_back_idle()
+        prediction = predict(
+            journey.prompt_tokens, journey.output_tokens, self._states(), self._costs
+        )
+        journey.predicted_ttft_s = prediction.ttft_s
+        journey.refused = judge(prediction, slo) is not None
+        return journey.refused
+
+    def _states(self) -> list[WorkerState]:
+        states = [self._state(w, WorkerRole.DECODE) for w in self.decode]
+        return states + [self._state(w, WorkerRole.PREFILL) for w in self.prefill]
+
     def _arrive_adaptive(self, journey: Journey, now: float) -> None:
         """The router's cost-model choice over the workers' exact loads."""
         self._take_back_idle()
         by_name = {worker.name: worker for worker in self.prefill + self.decode}
-        states = [self._state(w, WorkerRole.DECODE) for w in self.decode]
-        states += [self._state(w, WorkerRole.PREFILL) for w in self.prefill]
         prompt, output = journey.prompt_tokens, journey.output_tokens
-        option = place_adaptive(prompt, output, states, self._costs).option
+        option = place_adaptive(prompt, output, self._states(), self._costs).option
         decode = by_name[option.decode.address]
         if option.prefill is None:
             if decode in self.prefill:

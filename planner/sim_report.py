@@ -27,6 +27,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     tokens = sum(len(j.token_times) for j in done)
     summary: dict[str, Any] = {
         "requests": len(result.journeys),
+        "refused": sum(j.refused for j in result.journeys),
         "completed": len(done),
         "output_tokens": tokens,
         "throughput_tokens_per_s": tokens / span if span > 0 else 0.0,
@@ -54,7 +55,8 @@ def _percentiles(name: str, seconds: list[float]) -> dict[str, float]:
 
 def format_summary(summary: dict[str, Any]) -> str:
     lines = [
-        f"requests {summary['requests']} (completed {summary['completed']}), "
+        f"requests {summary['requests']} (completed {summary['completed']}, refused "
+        f"{summary['refused']}), "
         f"{summary['output_tokens']} output tokens, "
         f"{summary['throughput_tokens_per_s']:.2f} tokens/s, {summary['steps']} steps, "
         f"{summary['preemptions']} preemptions"

@@ -55,6 +55,8 @@ class Journey:
     prefix_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
     num_cached_blocks: int = 0  # decode held these at Reserve: prefill gathers and sends the rest
+    refused: bool = False  # by the router's SLO admission, on arrival
+    predicted_ttft_s: float | None = None  # the admission's prediction, when it judged it
 
     @classmethod
     def of(cls, index: int, request: TraceRequest) -> Journey:

@@ -1,7 +1,7 @@
 """Priority displacement, tenants' fair shares and rate limits through the real router over fake
-tiers: decode's fake answers Reserve a second late, so admitted requests wait unstarted (as in a
-worker's queue) and may be displaced; the displaced ones are told so at once with a retry delay
-and cancelled on the workers, never dropped silently."""
+tiers: decode's fake answers Reserve half a second late, so admitted requests wait unstarted (as
+in a worker's queue) and may be displaced; the displaced ones are told so at once with a retry
+delay and cancelled on the workers, never dropped silently."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_a_higher_priority_request_displaces_a_queued_one_which_is_told_why(
 ) -> None:
     async def body() -> None:
         async with router_stack(max_queue=2) as stack:
-            stack.tiers.decode[0].knobs.delay_seconds = 1.0
+            stack.tiers.decode[0].knobs.delay_seconds = 0.5
             low = [asyncio.create_task(call(stack.client)) for _ in range(2)]
             await until_held(stack, 2)
             before = outcomes("default", "displaced")
@@ -85,7 +85,7 @@ def test_a_higher_priority_request_displaces_a_queued_one_which_is_told_why(
 def test_one_tenant_flooding_cannot_take_another_tenants_share(router_stack: Any) -> None:
     async def body() -> None:
         async with router_stack(max_queue=4, tenants=TENANTS) as stack:
-            stack.tiers.decode[0].knobs.delay_seconds = 1.0
+            stack.tiers.decode[0].knobs.delay_seconds = 0.5
             flood = [asyncio.create_task(call(stack.client, tenant="alice")) for _ in range(4)]
             await until_held(stack, 4)
             bob = asyncio.create_task(call(stack.client, tenant="bob"))
