@@ -19,6 +19,7 @@ from pdserve.core.kv.manager import KVCacheManager
 from pdserve.core.kv.offload import KVOffload, OffloadTier
 from pdserve.core.request import Request
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.local.cluster import worker_folders
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, block_size=4, dtype="float32")
 BLOCK = BlockShape((2, 2, 4, 2, 4), torch.float32)
@@ -163,3 +164,18 @@ def test_evicted_prefix_blocks_come_back_from_below_with_their_rows(
 
 def fresh_request(request_id: str, tokens: list[int]) -> Request:
     return Request(request_id, tokens, SamplingParams(max_tokens=4), 0, 0.0)
+
+
+def test_the_launcher_gives_each_worker_a_disk_folder_of_its_own() -> None:
+    """`pdserve up` passes the engine flags to every worker: the disk tier's folder becomes a
+    subfolder named after each worker (both flag spellings), other flags unchanged."""
+    args = ("--kv-offload-disk-path", "/kv", "--kv-offload-host-gb", "1")
+    assert worker_folders(args, "decode-1") == [
+        "--kv-offload-disk-path",
+        "/kv/decode-1",
+        "--kv-offload-host-gb",
+        "1",
+    ]
+    assert worker_folders(("--kv-offload-disk-path=/kv",), "prefill-0") == [
+        "--kv-offload-disk-path=/kv/prefill-0"
+    ]
