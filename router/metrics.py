@@ -109,7 +109,8 @@ ADMISSION_REFUSALS = Counter(
     "(router/slo_admission.py), by which (reason)",
     ["reason"],
 )
-for _reason in ("ttft", "tpot"):  # exported at 0 from the start, for dashboards and alerts
+# Exported at 0 from the start, for dashboards and alerts (slo_admission.Miss's values).
+for _reason in ("ttft", "tpot", "running_tpot"):
     ADMISSION_REFUSALS.labels(_reason)
 TTFT_PREDICTION_RATIO = Histogram(
     "pdserve_router_ttft_prediction_ratio",

@@ -7,7 +7,11 @@ would choose on the workers' live loads, priced by the profile as corrected by e
 measured steps (costmodel/correction.py), for the request's forecast output length
 (costmodel/output_length.py). TTFT is that option's (the queue ahead, its own chunks, the KV's
 delivery) plus the router's dispatch cost (`serving.dispatch_s`); TPOT is one step of its
-decoding worker with it in. Under `--placement threshold` the router may place the request
+decoding worker with it in. Admission also protects the streams already running where the request
+would be prefilled: the longest step of its own prefill there (its chunks beside their decodes)
+is their time per token while it runs, and a request that would push that past the TPOT SLO
+(its own, else the router's: the one the running streams are held to unless they set theirs) is
+refused too. Under `--placement threshold` the router may place the request
 elsewhere than that option: the prediction is then the best the workers could do.
 
 The retry delay says when the request might fit: its predicted TTFT's excess over the SLO (the
@@ -70,12 +74,14 @@ class Miss(enum.Enum):
 
     TTFT = "ttft"
     TPOT = "tpot"
+    RUNNING_TPOT = "running_tpot"  # its prefill would slow the streams running there past it
 
 
 @dataclass(frozen=True)
 class Prediction:
     ttft_s: float
     tpot_s: float
+    running_step_s: float = 0.0  # the streams running where it is prefilled, per token, meanwhile
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,12 @@ class Refusal:
     retry_after_s: float
 
     def message(self) -> str:
+        if self.miss is Miss.RUNNING_TPOT:
+            return (
+                f"router: its prefill would slow the streams running on its worker to "
+                f"{self.prediction.running_step_s:.3f} s per token, past the TPOT SLO "
+                f"{self.slo_s:.3f} s; retry in {self.retry_after_s:.0f} s"
+            )
         predicted = self.prediction.ttft_s if self.miss is Miss.TTFT else self.prediction.tpot_s
         return (
             f"router: predicted {self.miss.value.upper()} {predicted:.3f} s misses the SLO "
@@ -97,7 +109,8 @@ def predict(
     prompt_tokens: int, output_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
 ) -> Prediction:
     option = place_adaptive(prompt_tokens, output_tokens, workers, costs).option
-    return Prediction(option.ttft_s + costs.profile.serving.dispatch_s, option.step_s)
+    ttft = option.ttft_s + costs.profile.serving.dispatch_s
+    return Prediction(ttft, option.step_s, option.running_step_s)
 
 
 def judge(prediction: Prediction, slo: Slo) -> Refusal | None:
@@ -107,6 +120,8 @@ def judge(prediction: Prediction, slo: Slo) -> Refusal | None:
         return Refusal(Miss.TTFT, prediction, slo.ttft_s, max(math.ceil(excess), MIN_RETRY_S))
     if slo.tpot_s is not None and prediction.tpot_s > slo.tpot_s:
         return Refusal(Miss.TPOT, prediction, slo.tpot_s, MIN_RETRY_S)
+    if slo.tpot_s is not None and prediction.running_step_s > slo.tpot_s:
+        return Refusal(Miss.RUNNING_TPOT, prediction, slo.tpot_s, MIN_RETRY_S)
     return None
 
 

@@ -97,6 +97,9 @@ class Option:
     stall_s: float  # summed over the streams running where it is prefilled
     decode_s: float = 0.0  # its decode steps, plus what it adds to the streams decoding beside it
     step_s: float = 0.0  # one step of the decoding worker with it in: its time per output token
+    # The longest step the streams running where it is prefilled see while its own chunks run
+    # (0: none run there): what admission keeps within their TPOT (router/slo_admission.py).
+    running_step_s: float = 0.0
 
     @property
     def cost_s(self) -> float:
@@ -120,6 +123,7 @@ class _Prefill:
     done_s: float  # until its last chunk's step ends
     stall_s: float
     first_step_s: float  # the worker's next step (0: idle)
+    longest_own_step_s: float = 0.0  # of this prompt's own steps, while streams run there
 
 
 def place_adaptive(
@@ -159,7 +163,16 @@ def _local_options(
     options = []
     for worker in sorted(takers, key=order):
         prefill = _prefill_on(worker, prompt_tokens, costs)
-        options.append(Option(PrefillPlace.LOCAL, worker, None, prefill.done_s, prefill.stall_s))
+        options.append(
+            Option(
+                PrefillPlace.LOCAL,
+                worker,
+                None,
+                prefill.done_s,
+                prefill.stall_s,
+                running_step_s=prefill.longest_own_step_s,
+            )
+        )
     return options
 
 
@@ -174,7 +187,16 @@ def _remote_options(
         for receiver in decode:
             admitted = _prefill_on(receiver, 0, costs).first_step_s  # its step in progress
             ttft = prefill.done_s + delivery + admitted
-            options.append(Option(PrefillPlace.REMOTE, receiver, sender, ttft, prefill.stall_s))
+            options.append(
+                Option(
+                    PrefillPlace.REMOTE,
+                    receiver,
+                    sender,
+                    ttft,
+                    prefill.stall_s,
+                    running_step_s=prefill.longest_own_step_s,
+                )
+            )
     return options
 
 
@@ -199,7 +221,14 @@ def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _P
     prompts = worker.queued_prompts() + ((prompt_tokens,) if prompt_tokens else ())
     steps = [costs.seconds(shape) for shape, _ in costs.prefill_steps(worker.decodes, prompts)]
     stall = worker.running * sum(step - alone for step in steps)
-    return _Prefill(sum(steps), stall, steps[0] if steps else alone)
+    # Each prompt is chunked in steps of its own, so this prompt's are the last ones.
+    own = steps[len(steps) - _num_steps(worker, prompt_tokens, costs) :] if prompt_tokens else []
+    longest_own = max(own, default=0.0) if worker.running else 0.0
+    return _Prefill(sum(steps), stall, steps[0] if steps else alone, longest_own)
+
+
+def _num_steps(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> int:
+    return sum(1 for _ in costs.prefill_steps(worker.decodes, (prompt_tokens,)))
 
 
 def _reason(best: Option, local: list[Option], remote: list[Option]) -> PlacementReason:

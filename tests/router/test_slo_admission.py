@@ -64,6 +64,23 @@ def test_too_many_streams_miss_the_tpot() -> None:
     assert judge(prediction, Slo(tpot_s=0.25)) is None
 
 
+def test_a_prefill_that_would_slow_the_running_streams_past_the_tpot_is_refused() -> None:
+    """4 streams decode on the only worker: a 1,000-token prompt prefilled beside them makes
+    their step about 0.05 + 1.0 s, past a 0.5 s TPOT SLO, though its own TPOT would hold. A
+    100-token prompt (a ~0.17 s step) is admitted, and so is the long one on an idle worker."""
+    long_prompt = predict(1000, 10, [decode(running=4)], COSTS)
+    assert long_prompt.tpot_s < 0.5 < 1.0 < long_prompt.running_step_s < 1.2
+    refusal = judge(long_prompt, Slo(tpot_s=0.5))
+    assert refusal is not None and refusal.miss is Miss.RUNNING_TPOT
+    assert refusal.retry_after_s == 1
+    assert "slow the streams running on its worker" in refusal.message()
+    assert judge(predict(100, 10, [decode(running=4)], COSTS), Slo(tpot_s=0.5)) is None
+    idle = predict(1000, 10, [decode()], COSTS)
+    assert idle.running_step_s == 0.0 and judge(idle, Slo(tpot_s=0.5)) is None
+    queued = predict(100, 10, [decode(running=4, pending=2000)], COSTS)
+    assert queued.running_step_s < 0.5  # the prompts queued ahead are not this request's doing
+
+
 def test_a_requests_own_slo_wins_over_the_routers() -> None:
     router = Slo(ttft_s=1.0, tpot_s=0.1)
     own = Slo.from_proto(generation_pb2.RequestSlo(ttft_seconds=5.0))
