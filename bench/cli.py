@@ -3,9 +3,10 @@
 Each module defines `add_arguments(parser)` and `run(args) -> int`, and only the chosen one is
 imported (pdserve/commands.py: `--help` loads no benchmark, hence no torch). The families are
 packages: offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving),
-migration/ (moving streams between decode workers), offload/ (KV offload tiers), pods/
-(CPU-limited pods), peers/ (side by side with llama.cpp), router/ (the router's relay capacity),
-sjf/ (scheduling policies), micro/ (one mechanism each).
+admission/ (what the router admits under overload), migration/ (moving streams between decode
+workers), offload/ (KV offload tiers), pods/ (CPU-limited pods), peers/ (side by side with
+llama.cpp), router/ (the router's relay capacity), sjf/ (scheduling policies), micro/ (one
+mechanism each).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "disagg-ttft": (
         "pdserve.bench.disagg.ttft",
         "KV transfer's exposed share of TTFT, whole-prompt vs layer-wise push",
+    ),
+    "admission": (
+        "pdserve.bench.admission.cli",
+        "the router's admission modes (off, --max-queue, predicted SLO miss) on the same overload",
     ),
     "migration": (
         "pdserve.bench.migration.cli",

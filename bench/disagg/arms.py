@@ -72,10 +72,16 @@ def worker_and_router_flags(
 
 @contextlib.contextmanager
 def running_arm(
-    arm: Arm, model_dir: Path, settings: ArmSettings, log_dir: Path | None
+    arm: Arm,
+    model_dir: Path,
+    settings: ArmSettings,
+    log_dir: Path | None,
+    extra_router_args: tuple[str, ...] = (),
 ) -> Iterator[Cluster]:
-    """Starts the arm's router and pinned workers; yields the ready cluster."""
+    """Starts the arm's router (with `extra_router_args` after its own) and pinned workers;
+    yields the ready cluster."""
     worker_args, router_args = worker_and_router_flags(arm, settings)
+    router_args = (*router_args, *extra_router_args)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=arm.num_prefill,

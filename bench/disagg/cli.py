@@ -276,7 +276,7 @@ def _run_arm(
     """One turn of `arm`: a fresh, warmed-up cluster serves `points` (one repeat's)."""
     log_dir = None if args.log_dir is None else args.log_dir / arm.name / f"repeat-{repeat}"
     with running_arm(arm, model_dir, settings.arms, log_dir) as cluster:
-        _send(cluster.router.address, warmup, rate=None, schedule_seed=0)
+        send_plan(cluster.router.address, warmup, rate=None, schedule_seed=0)
         return [(point.rate, _run_point(cluster, point, settings)) for point in points]
 
 
@@ -319,20 +319,25 @@ def _wide_intervals(served: dict[str, dict[float, list[Repeat]]], settings: Benc
 def _run_point(cluster: Cluster, point: Point, settings: BenchSettings) -> Repeat:
     workers = cluster.prefill + cluster.decode
     before = counters.snapshot(cluster.router, workers)
-    results = _send(cluster.router.address, point.plan, point.rate, point.schedule_seed)
+    results = send_plan(cluster.router.address, point.plan, point.rate, point.schedule_seed)
     counted = counters.snapshot(cluster.router, workers).since(before)
     return Repeat(tuple(outcomes(point.plan, results, settings.tpot_slo_s)), counted)
 
 
-def _send(
-    host: str, plan: tuple[PlannedRequest, ...], rate: float | None, schedule_seed: int
+def send_plan(
+    host: str,
+    plan: tuple[PlannedRequest, ...],
+    rate: float | None,
+    schedule_seed: int,
+    with_slo: bool = False,
 ) -> tuple[CallResult, ...]:
     """Streams every planned request through the router at Poisson arrivals (or all at once)
-    and waits for the last to finish."""
+    and waits for the last to finish; `with_slo`: each carries its class's TTFT SLO as its own
+    (`GenerateRequest.slo`, what the router's admission judges)."""
     config = LoadConfig(
         method=Method.GENERATE_STREAM,
         host=host,
-        data=tuple(request.call_data() for request in plan),
+        data=tuple(request.call_data(with_slo) for request in plan),
         total=len(plan),
         concurrency=len(plan),  # open loop: no worker is ever the bottleneck
         rps=rate or 0.0,

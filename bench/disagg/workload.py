@@ -94,10 +94,15 @@ class PlannedRequest:
     max_tokens: int
     ttft_slo_s: float
 
-    def call_data(self) -> dict[str, Any]:
-        """The GenerateRequest in protobuf JSON (the load runner's `data`)."""
+    def call_data(self, with_slo: bool = False) -> dict[str, Any]:
+        """The GenerateRequest in protobuf JSON (the load runner's `data`); `with_slo`: its
+        TTFT SLO as the request's own (`slo.ttft_seconds`)."""
         sampling = {"max_tokens": self.max_tokens, "temperature": 0.0, "ignore_eos": True}
-        return {"prompt_token_ids": {"ids": list(self.prompt)}, "sampling": sampling}
+        data: dict[str, Any] = {"prompt_token_ids": {"ids": list(self.prompt)}}
+        data["sampling"] = sampling
+        if with_slo:
+            data["slo"] = {"ttft_seconds": self.ttft_slo_s}
+        return data
 
 
 def parse_spec(raw: dict[str, Any]) -> tuple[RequestClass, ...]:

@@ -1,0 +1,1 @@
+"""`pdserve bench admission`: the router's admission modes against the same overload."""

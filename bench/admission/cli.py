@@ -1,0 +1,216 @@
+"""`pdserve bench admission`: the router's admission modes against the same overload.
+
+    pdserve bench admission [--model PATH] [--workload SPEC] [--rates R,...] [--duration S]
+        [--repeats N] [--admission off,queue,predict] [--max-queue Q] [--json]
+
+Every arm is the same deployment as `bench disagg`'s adaptive arm (1 prefill + 1 decode worker,
+one core each, adaptive placement on this host's profile), the same requests at the same
+Poisson arrivals (SPEC as `bench disagg` reads it, per-class TTFT SLOs included), warmed up
+first; the arms take turns per repeat, their order rotated. They differ only in what the router
+admits:
+
+    off       every request (the router's default --max-queue, 256, is never reached)
+    queue     at most --max-queue streams in flight, the rest RESOURCE_EXHAUSTED at once
+    predict   each request carries its class's TTFT SLO (`slo.ttft_seconds`) and the router
+              --slo-tpot: those predicted to miss are refused at once (docs/admission.md)
+
+A row per arm and rate (the repeats pooled): `{"arm", "rate", "attainment_admitted",
+"rejected_fraction", "goodput", "ttft_p99_admitted", "tpot_p99_admitted",
+"prediction_error_p50", "requests", "repeats"}`. goodput: requests that met their SLOs per second
+of arrivals (refused ones never do); prediction_error_p50: the predict arm's median
+|measured / predicted TTFT - 1| of admitted requests, read from the router's histogram
+`pdserve_router_ttft_prediction_ratio` (so to its buckets' resolution).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdserve.bench.disagg.arms import ARMS, running_arm
+from pdserve.bench.disagg.attainment import RequestOutcome, outcomes
+from pdserve.bench.disagg.cli import WARMUP_PER_WORKER, BenchSettings, Point, plan_points, send_plan
+from pdserve.bench.disagg.workload import PlannedRequest, load_spec, plan_requests, point_seed
+from pdserve.costmodel.host_profile import host_profile
+from pdserve.loadtest.calls import CallResult
+from pdserve.loadtest.stats import percentile
+from pdserve.local.cluster import Process
+
+MODES = ("off", "queue", "predict")
+REFUSED = "ResourceExhausted"
+RATIO = "pdserve_router_ttft_prediction_ratio"
+
+
+@dataclass(frozen=True)
+class Served:
+    """One point as an arm served it: each request's outcome and whether it was refused."""
+
+    outcomes: tuple[RequestOutcome, ...]
+    refused: tuple[bool, ...]
+    prediction_error: float  # nan: no request judged
+
+
+@dataclass(frozen=True)
+class AdmissionRow:
+    arm: str
+    rate: float
+    attainment_admitted: float
+    rejected_fraction: float
+    goodput: float
+    ttft_p99_admitted: float | None
+    tpot_p99_admitted: float | None
+    prediction_error_p50: float | None
+    requests: int
+    repeats: int
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="HF model folder (default: embedded)")
+    parser.add_argument("--workload", type=Path, default=None, help="request mix SPEC (JSON)")
+    parser.add_argument("--rates", default="0.1,0.2,0.4,0.6", help="requests/s, comma-separated")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each rate")
+    parser.add_argument("--admission", default=",".join(MODES), help="arms, comma-separated")
+    parser.add_argument("--max-queue", type=int, default=4, help="the queue arm's --max-queue")
+    parser.add_argument("--slo-tpot", type=float, default=0.15, help="TPOT SLO, seconds")
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the run's requests")
+    parser.add_argument("--json", action="store_true", help="one JSON object per arm and rate")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep worker logs here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdserve.core.model.config import load_model_config
+    from pdserve.core.model.gemm import cpu_float32_backend
+    from pdserve.core.model.source import resolve_model
+
+    modes = args.admission.split(",")
+    rates = tuple(float(rate) for rate in args.rates.split(","))
+    if set(modes) - set(MODES) or min(rates) <= 0 or args.repeats < 1 or args.max_queue < 1:
+        print(f"pdserve bench admission: arms of {MODES}, rates > 0, repeats and --max-queue >= 1")
+        return 2
+    model_dir = resolve_model(args.model)
+    profile = host_profile(model_dir, "float32", cpu_float32_backend())
+    settings = BenchSettings(
+        rates, args.duration, args.repeats, args.seed, args.slo_tpot, 0, 512, profile
+    )
+    classes = load_spec(args.workload)
+    vocab_size = load_model_config(model_dir).vocab_size
+    points = plan_points(classes, settings, vocab_size)
+    warmup = plan_requests(classes, 2 * WARMUP_PER_WORKER, vocab_size, point_seed(args.seed, "w"))
+    served: dict[tuple[str, float], list[Served]] = {}
+    for repeat in range(args.repeats):
+        shift = repeat % len(modes)  # the arms' order rotates: a drifting host weighs on all
+        for mode in modes[shift:] + modes[:shift]:
+            todo = [point for point in points if point.repeat == repeat]
+            for point, results, error in _run_arm(mode, model_dir, todo, warmup, settings, args):
+                found = outcomes(point.plan, results, settings.tpot_slo_s)
+                by_number = sorted(results, key=_number)
+                refused = tuple(result.status == REFUSED for result in by_number)
+                run = Served(tuple(found), refused, error)
+                served.setdefault((mode, point.rate), []).append(run)
+    for (mode, rate), runs in served.items():
+        row = _row(mode, rate, runs, args.duration)
+        print(json.dumps(asdict(row)) if args.json else _line(row), flush=True)
+    return 0
+
+
+def _run_arm(
+    mode: str,
+    model_dir: Path,
+    points: list[Point],
+    warmup: tuple[PlannedRequest, ...],
+    settings: BenchSettings,
+    args: argparse.Namespace,
+) -> list[tuple[Point, tuple[CallResult, ...], float]]:
+    router = _router_flags(mode, args)
+    log_dir = None if args.log_dir is None else args.log_dir / mode
+    with running_arm(ARMS["adaptive"], model_dir, settings.arms, log_dir, router) as cluster:
+        send_plan(cluster.router.address, warmup, rate=None, schedule_seed=0)
+        done = []
+        for point in points:
+            before = _ratio_buckets(cluster.router)
+            results = send_plan(
+                cluster.router.address,
+                point.plan,
+                point.rate,
+                point.schedule_seed,
+                mode == "predict",
+            )
+            error = _median_error(before, _ratio_buckets(cluster.router))
+            done.append((point, results, error))
+        return done
+
+
+def _router_flags(mode: str, args: argparse.Namespace) -> tuple[str, ...]:
+    if mode == "queue":
+        return ("--max-queue", str(args.max_queue))
+    if mode == "predict":
+        return ("--slo-tpot", str(args.slo_tpot))
+    return ()
+
+
+def _ratio_buckets(router: Process) -> dict[float, float]:
+    """The router's measured / predicted TTFT histogram: cumulative count per upper bound."""
+    url = f"http://{router.host}:{router.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as page:
+        text = page.read().decode()
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == RATIO + "_bucket":
+                buckets[float(sample.labels["le"])] = sample.value
+    return buckets
+
+
+def _median_error(before: dict[float, float], after: dict[float, float]) -> float:
+    """|median ratio - 1| of the point's admitted requests, the median taken as the upper bound
+    of the bucket it falls in (nan when none was judged)."""
+    counts = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    if total <= 0:
+        return float("nan")
+    median = next(bound for bound, count in counts.items() if count >= total / 2)
+    return abs(median - 1.0)
+
+
+def _row(mode: str, rate: float, runs: list[Served], duration_s: float) -> AdmissionRow:
+    found = [outcome for run in runs for outcome in run.outcomes]
+    refused = [was_refused for run in runs for was_refused in run.refused]
+    admitted = [o for o, was_refused in zip(found, refused, strict=True) if not was_refused]
+    ttfts = sorted(o.ttft_s for o in admitted if o.ttft_s is not None)
+    tpots = sorted(o.tpot_s for o in admitted if o.tpot_s is not None)
+    errors = sorted(run.prediction_error for run in runs if not math.isnan(run.prediction_error))
+    return AdmissionRow(
+        arm=mode,
+        rate=rate,
+        attainment_admitted=sum(o.meets_slo for o in admitted) / max(len(admitted), 1),
+        rejected_fraction=sum(refused) / max(len(found), 1),
+        goodput=sum(o.meets_slo for o in found) / (duration_s * len(runs)),
+        ttft_p99_admitted=percentile(ttfts, 99) if ttfts else None,
+        tpot_p99_admitted=percentile(tpots, 99) if tpots else None,
+        prediction_error_p50=errors[len(errors) // 2] if errors and mode == "predict" else None,
+        requests=len(found),
+        repeats=len(runs),
+    )
+
+
+def _number(result: CallResult) -> int:
+    return -1 if result.request_number is None else result.request_number
+
+
+def _line(row: AdmissionRow) -> str:
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f} s"
+
+    return (
+        f"{row.arm:>8} {row.rate:g} req/s: attainment of admitted {row.attainment_admitted:.2f}, "
+        f"rejected {row.rejected_fraction:.2f}, goodput {row.goodput:.3f} req/s, TTFT p99 "
+        f"{seconds(row.ttft_p99_admitted)}, TPOT p99 {seconds(row.tpot_p99_admitted)} "
+        f"({row.requests} requests, {row.repeats} repeats)"
+    )

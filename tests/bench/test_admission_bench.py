@@ -1,0 +1,39 @@
+"""`pdserve bench admission`'s arithmetic on made-up outcomes (its arms run clusters of real
+processes, minutes each; the admission paths themselves are tested through the router in
+tests/router and through real processes in tests/integration/test_predictions.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pdserve.bench.admission.cli import Served, _median_error, _row
+from pdserve.bench.disagg.attainment import RequestOutcome
+
+
+def outcome(meets: bool, ttft: float | None = 0.5, completed: bool = True) -> RequestOutcome:
+    return RequestOutcome("chat", completed, ttft, 0.1 if ttft else None, (), meets)
+
+
+def test_rows_judge_admitted_requests_and_count_goodput_over_every_arrival() -> None:
+    first = Served(
+        (outcome(True), outcome(False, ttft=3.0), outcome(False, ttft=None, completed=False)),
+        (False, False, True),
+        0.1,
+    )
+    second = Served((outcome(True), outcome(True)), (False, False), math.nan)
+    row = _row("predict", 0.5, [first, second], duration_s=10.0)
+    assert row.attainment_admitted == pytest.approx(3 / 4)  # the refused one is not judged
+    assert row.rejected_fraction == pytest.approx(1 / 5)
+    assert row.goodput == pytest.approx(3 / 20)  # met SLOs per second of arrivals, both repeats
+    assert row.ttft_p99_admitted == 3.0
+    assert row.prediction_error_p50 == 0.1  # the repeat that judged none does not count
+    assert _row("queue", 0.5, [first], 10.0).prediction_error_p50 is None
+
+
+def test_the_median_error_is_read_from_the_histogram_buckets() -> None:
+    before = {0.5: 1.0, 1.0: 2.0, 1.25: 2.0, math.inf: 2.0}
+    after = {0.5: 1.0, 1.0: 3.0, 1.25: 6.0, math.inf: 6.0}  # 4 new: 1 at <= 1.0, 3 at <= 1.25
+    assert _median_error(before, after) == pytest.approx(0.25)
+    assert math.isnan(_median_error(after, after))
