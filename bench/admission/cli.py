@@ -1,7 +1,7 @@
 """`pdserve bench admission`: the router's admission modes against the same overload.
 
     pdserve bench admission [--model PATH] [--workload SPEC] [--rates R,...] [--duration S]
-        [--repeats N] [--admission off,queue,predict] [--max-queue Q] [--json]
+        [--repeats N] [--admission off,queue,predict] [--max-queue Q] [--tenants FILE] [--json]
 
 Every arm is the same deployment as `bench disagg`'s adaptive arm (1 prefill + 1 decode worker,
 one core each, adaptive placement on this host's profile), the same requests at the same
@@ -16,7 +16,9 @@ admits:
 
 A row per arm and rate (the repeats pooled): `{"arm", "rate", "attainment_admitted",
 "rejected_fraction", "goodput", "ttft_p99_admitted", "tpot_p99_admitted",
-"prediction_error_p50", "requests", "repeats"}`. goodput: requests that met their SLOs per second
+"prediction_error_p50", "requests", "repeats"}`. `--tenants FILE` goes to every arm's router; the
+load runner sends no per-request metadata, so every request is tenant `default` and the rows are
+not yet per tenant. goodput: requests that met their SLOs per second
 of arrivals (refused ones never do); prediction_error_p50: the predict arm's median
 |measured / predicted TTFT - 1| of admitted requests, read from the router's histogram
 `pdserve_router_ttft_prediction_ratio` (so to its buckets' resolution).
@@ -79,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admission", default=",".join(MODES), help="arms, comma-separated")
     parser.add_argument("--max-queue", type=int, default=4, help="the queue arm's --max-queue")
     parser.add_argument("--slo-tpot", type=float, default=0.15, help="TPOT SLO, seconds")
+    parser.add_argument(
+        "--tenants", type=Path, default=None, help="every arm's router --tenants (not per row yet)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed of the run's requests")
     parser.add_argument("--json", action="store_true", help="one JSON object per arm and rate")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep worker logs here")
@@ -148,11 +153,12 @@ def _run_arm(
 
 
 def _router_flags(mode: str, args: argparse.Namespace) -> tuple[str, ...]:
+    tenants = () if args.tenants is None else ("--tenants", str(args.tenants))
     if mode == "queue":
-        return ("--max-queue", str(args.max_queue))
+        return ("--max-queue", str(args.max_queue), *tenants)
     if mode == "predict":
-        return ("--slo-tpot", str(args.slo_tpot))
-    return ()
+        return ("--slo-tpot", str(args.slo_tpot), *tenants)
+    return tenants
 
 
 def _ratio_buckets(router: Process) -> dict[float, float]:

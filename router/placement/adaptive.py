@@ -218,17 +218,18 @@ def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _P
     running streams."""
     costs = costs.corrected(worker.step_windows)
     alone = costs.seconds(worker.decodes) if worker.running else 0.0
-    prompts = worker.queued_prompts() + ((prompt_tokens,) if prompt_tokens else ())
-    steps = [costs.seconds(shape) for shape, _ in costs.prefill_steps(worker.decodes, prompts)]
+    own_prompt = (prompt_tokens,) if prompt_tokens else ()
+    # Each prompt is chunked in steps of its own: the queued prompts' steps, then this one's.
+    queued = _step_seconds(worker, worker.queued_prompts(), costs)
+    own = _step_seconds(worker, own_prompt, costs)
+    steps = queued + own
     stall = worker.running * sum(step - alone for step in steps)
-    # Each prompt is chunked in steps of its own, so this prompt's are the last ones.
-    own = steps[len(steps) - _num_steps(worker, prompt_tokens, costs) :] if prompt_tokens else []
     longest_own = max(own, default=0.0) if worker.running else 0.0
     return _Prefill(sum(steps), stall, steps[0] if steps else alone, longest_own)
 
 
-def _num_steps(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> int:
-    return sum(1 for _ in costs.prefill_steps(worker.decodes, (prompt_tokens,)))
+def _step_seconds(worker: WorkerState, prompts: tuple[int, ...], costs: StepCosts) -> list[float]:
+    return [costs.seconds(shape) for shape, _ in costs.prefill_steps(worker.decodes, prompts)]
 
 
 def _reason(best: Option, local: list[Option], remote: list[Option]) -> PlacementReason:

@@ -6,6 +6,7 @@ against their own references."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,19 @@ def evict_every_cached_block(llm: LLM) -> None:
     taken = pool.allocate(pool.num_free)
     assert taken is not None and pool.num_cached_blocks == 0
     pool.free(taken)
+
+
+def twice_around_an_eviction(
+    llm: LLM,
+    prompts: list[list[int]],
+    expected: list[list[int]],
+    generate: Callable[[LLM, list[list[int]]], list[list[int]]] | None = None,
+) -> None:
+    """The prompts, every cached block evicted, the prompts again: both passes as expected."""
+    run = generate or greedy
+    assert run(llm, prompts) == expected
+    evict_every_cached_block(llm)
+    assert run(llm, prompts) == expected
 
 
 def greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -85,9 +99,7 @@ def test_speculative_steps_write_no_partial_block_down(
     """n-gram drafts write KV past the verified tokens and roll back; only registered blocks
     (full, verified) move down, so the second pass is exact."""
     llm = offload_llm(model_dir, "host+disk", tmp_path, speculative="ngram")
-    assert greedy(llm, shared_prompts) == shared_hf_greedy
-    evict_every_cached_block(llm)
-    assert greedy(llm, shared_prompts) == shared_hf_greedy
+    twice_around_an_eviction(llm, shared_prompts, shared_hf_greedy)
     assert promoted(llm) > 0 and llm.engine.stats().num_drafted_tokens > 0
     assert_engine_empty(llm)
     llm.close()
@@ -117,9 +129,7 @@ def test_an_int8_cache_reuses_its_own_blocks_only(
     prompts = shared_prompts[-3:]  # the three sharing 100 tokens: six blocks each
     reference = greedy(LLM(model_dir, kv_cache_dtype="int8"), prompts)
     llm = offload_llm(model_dir, "disk", tmp_path, kv_cache_dtype="int8")
-    assert greedy(llm, prompts) == reference
-    evict_every_cached_block(llm)
-    assert greedy(llm, prompts) == reference
+    twice_around_an_eviction(llm, prompts, reference)
     assert promoted(llm) > 0
     llm.close()
     float_worker = offload_llm(model_dir, "disk", tmp_path)
@@ -135,9 +145,7 @@ def test_a_sliding_window_model_takes_back_the_blocks_of_its_window(
     tmp_path: Path,
 ) -> None:
     llm = LLM(window_model_dir, num_kv_blocks=64, kv_offload_host_gb=0.1)
-    assert generate_watched(llm, prompts) == window_hf_greedy
-    evict_every_cached_block(llm)
-    assert generate_watched(llm, prompts) == window_hf_greedy
+    twice_around_an_eviction(llm, prompts, window_hf_greedy, generate_watched)
     assert promoted(llm) > 0
     assert_engine_empty(llm)
     llm.close()
