@@ -10,6 +10,14 @@ allows. The load is a Poisson trace at the observed rate times (1 + headroom), i
 output lengths drawn from the interval's histograms (the router's `pdserve_router_prompt_tokens`
 and `pdserve_router_output_tokens`), seeded, so the same observation gives the same answer.
 
+What the workers measured corrects the profile (`tier_correction`): the router exports each
+worker's recent steps (`pdserve_router_step_window`), and the ratio of their measured time to what
+the profile predicts for the same steps at the pods' CPU share, pooled per tier, scales that
+tier's simulated pods (a factor of 2: each pod serves half what the profile says). As Dynamo's SLA
+planner corrects its prefill and decode predictions by measured / predicted; per tier because the
+simulator's pods are per tier, and a profile from another host or backend is wrong by a scale
+(costmodel/correction.py says why a ratio rather than a refit).
+
 When to act (`Autoscaler.decide`): up at once (a missed SLO costs now); down only once
 `down_after` intervals in a row wanted fewer, to the most any of them wanted (a lull between two
 bursts is not a trend); never below the floor the live streams need (decode slots for every
@@ -22,10 +30,11 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from pdserve.core.config import EngineConfig
+from pdserve.costmodel.correction import MIN_STEPS, StepWindow, predicted_seconds
 from pdserve.costmodel.profile import Profile
 from pdserve.planner.plan import Candidate, SearchSpace, Slo, deployments, evaluate
 from pdserve.planner.sim_cluster import Deployment
@@ -84,6 +93,9 @@ class Observation:
     prompt_tokens: LengthHistogram
     output_tokens: LengthHistogram
     in_flight: int  # streams running at its end
+    # Each tier's workers' recent steps, as the router last heard them ("prefill"/"decode" ->
+    # every worker's windows; none: the profile stays uncorrected).
+    step_windows: Mapping[str, tuple[StepWindow, ...]] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -102,6 +114,25 @@ class Policy:
     pod_share: float = 1.0
 
 
+@dataclass(frozen=True)
+class TierCorrection:
+    """Measured / predicted step time of each tier's pods (1: not measured yet)."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+
+def tier_correction(profile: Profile, windows: Iterable[StepWindow], pod_share: float) -> float:
+    """Measured / predicted for a tier's steps, pooled over its workers and phases; the prediction
+    is at the pods' share of the profiled worker, as the simulator runs them."""
+    windows = list(windows)
+    measured = sum(window.seconds for window in windows)
+    predicted = sum(predicted_seconds(profile, window) for window in windows) / pod_share
+    if sum(window.steps for window in windows) < MIN_STEPS or measured <= 0 or predicted <= 0:
+        return 1.0
+    return measured / predicted
+
+
 class Action(enum.Enum):
     HOLD = "hold"
     SCALE_UP = "scale_up"
@@ -115,6 +146,7 @@ class Decision:
     shape: Shape  # what to scale to (the current shape unless the action scales)
     wanted: Shape  # what this interval's load alone wanted
     floor: Shape  # what the live streams need
+    correction: TierCorrection  # what the simulated pods were scaled by
 
 
 def trace(observation: Observation, policy: Policy) -> list[TraceRequest]:
@@ -158,6 +190,14 @@ class Autoscaler:
         decode = max(1, math.ceil(observation.in_flight / self.engine.max_num_seqs))
         return Shape(0 if self.colocated else 1, decode)
 
+    def correction(self, observation: Observation) -> TierCorrection:
+        share = self.policy.pod_share
+        windows = observation.step_windows
+        return TierCorrection(
+            prefill=tier_correction(self.profile, windows.get("prefill", ()), share),
+            decode=tier_correction(self.profile, windows.get("decode", ()), share),
+        )
+
     def fewest_pods(self, observation: Observation) -> Shape:
         """The fewest pods whose simulation meets both SLOs at the observation's load (the
         smallest shape for no load; at `max_pods`, the one that misses least when none meets)."""
@@ -165,11 +205,12 @@ class Autoscaler:
         smallest = Shape(0 if self.colocated else 1, 1)
         if not requests:
             return smallest
+        correction = self.correction(observation)
         tried: list[Candidate] = []
         for total in range(smallest.pods, self.policy.max_pods + 1):
             tried = [
                 evaluate(deployment, self.profile, requests, self.slo)
-                for deployment in self._deployments(total, requests)
+                for deployment in self._deployments(total, requests, correction)
             ]
             meeting = [candidate for candidate in tried if candidate.meets]
             if meeting:
@@ -183,16 +224,24 @@ class Autoscaler:
         )
         return (1 - candidate.completed_fraction) * 1e6 + ratio
 
-    def _deployments(self, total: int, requests: Sequence[TraceRequest]) -> list[Deployment]:
+    def _deployments(
+        self, total: int, requests: Sequence[TraceRequest], correction: TierCorrection
+    ) -> list[Deployment]:
         space = SearchSpace(
             max_workers=total,
             max_num_seqs=(self.engine.max_num_seqs,),
             chunk_budgets=(self.engine.max_num_batched_tokens,),
             placements=(self.placement.mode,),
         )
-        share = self.policy.pod_share
+        prefill_share = self.policy.pod_share / correction.prefill
+        decode_share = self.policy.pod_share / correction.decode
         return [
-            replace(d, placement=self.placement, prefill_share=share, decode_share=share)
+            replace(
+                d,
+                placement=self.placement,
+                prefill_share=prefill_share,
+                decode_share=decode_share,
+            )
             for d in deployments(total, self.engine, space, list(requests))
             if (d.num_prefill == 0) == self.colocated
             and d.placement.disagg_threshold == 0  # one per split: the cluster's rule replaces it
@@ -201,20 +250,24 @@ class Autoscaler:
     def decide(self, observation: Observation, current: Shape) -> Decision:
         floor = self.floor(observation)
         wanted = self._wanted(observation).at_least(floor)
+        action, shape = self._act(wanted, current)
+        return Decision(action, shape, wanted, floor, self.correction(observation))
+
+    def _act(self, wanted: Shape, current: Shape) -> tuple[Action, Shape]:
         if wanted.prefill > current.prefill or wanted.decode > current.decode:
             self._fewer_in_a_row.clear()
-            return Decision(Action.SCALE_UP, wanted.at_least(current), wanted, floor)
+            return Action.SCALE_UP, wanted.at_least(current)
         if wanted == current:
             self._fewer_in_a_row.clear()
-            return Decision(Action.HOLD, current, wanted, floor)
+            return Action.HOLD, current
         self._fewer_in_a_row.append(wanted)
         if len(self._fewer_in_a_row) < self.policy.down_after:
-            return Decision(Action.WAIT_DOWN, current, wanted, floor)
+            return Action.WAIT_DOWN, current
         target = self._fewer_in_a_row[0]
         for shape in self._fewer_in_a_row[1:]:
             target = target.at_least(shape)
         self._fewer_in_a_row.clear()
-        return Decision(Action.SCALE_DOWN, target, wanted, floor)
+        return Action.SCALE_DOWN, target
 
 
 def _shape(candidate: Candidate) -> Shape:

@@ -1,28 +1,37 @@
-"""`pdserve autoscale --port P --metrics-url URL`: keeps a `pdserve up --netns` at the fewest
-pods that meet the SLOs as the load shifts (planner/autoscale.py decides; `pdserve scale`'s
-control endpoint applies it; live KV migration makes a scale-in lose nothing).
+"""`pdserve autoscale --metrics-url URL (--port P | --export-port N)`: keeps a deployment at the
+fewest pods that meet the SLOs as the load shifts (planner/autoscale.py decides). With `--port`
+it scales a `pdserve up --netns` through `pdserve scale`'s control endpoint; with
+`--export-port` it serves the replica counts it wants on /metrics for the chart's
+HorizontalPodAutoscalers (planner/autoscale_apply.py). Live KV migration makes a scale-in lose
+nothing either way.
 
 Every `--interval-seconds` it scrapes the router's metrics, decides, scales when the decision
 says so (waiting until the pods are ready or drained) and prints one line: the interval's rate,
-streams in flight, what the load wanted, the floor the streams need, the action and the shape.
+streams in flight, what the load wanted, the floor the streams need, the action, the shape, and
+the factor each tier's simulated pods were corrected by (measured / predicted step time), and the
+workers a scale-in drained (`pdserve scale --json`'s departures).
 `--dry-run` decides without scaling; `--intervals N` stops after N decisions.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
+from prometheus_client import start_http_server
+
 from pdserve.core.serving.cli_config import add_engine_arguments, engine_config_from_args
 from pdserve.costmodel.profile import ProfileError, load_profile
 from pdserve.local.cpu_limit import pod_cpus
-from pdserve.local.scale_control import NoClusterError, request_scale
-from pdserve.local.status import ClusterStatus, ScaleError
+from pdserve.local.scale_control import NoClusterError
+from pdserve.local.status import Departure, ScaleError
 from pdserve.planner.autoscale import Action, Autoscaler, Decision, Observation, Policy, Shape
-from pdserve.planner.autoscale_metrics import observation, scrape
+from pdserve.planner.autoscale_apply import Applier, LocalPods, ReplicaGauges
+from pdserve.planner.autoscale_metrics import Routers, healthy_workers, observation, scrape
 from pdserve.planner.plan import Slo
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 
@@ -30,9 +39,25 @@ SCALES = (Action.SCALE_UP, Action.SCALE_DOWN)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, required=True, help="the `pdserve up --netns` port")
+    apply = parser.add_mutually_exclusive_group(required=True)
+    apply.add_argument("--port", type=int, help="scale this `pdserve up --netns` (its port)")
+    apply.add_argument(
+        "--export-port",
+        type=int,
+        help="serve the desired replicas per tier on this port's /metrics (Kubernetes: the "
+        "chart's HPAs read them); the shape at start is the router's healthy workers",
+    )
     parser.add_argument(
-        "--metrics-url", required=True, help="the router's /metrics (http://ADDRESS:PORT/metrics)"
+        "--colocated",
+        action="store_true",
+        help="with --export-port: the deployment has no prefill tier (locally it is read from "
+        "the cluster)",
+    )
+    parser.add_argument(
+        "--metrics-url",
+        required=True,
+        help="the router's /metrics (http://HOST:PORT/metrics); every address HOST resolves to "
+        "is scraped and summed (on Kubernetes the router's headless Service: every replica)",
     )
     parser.add_argument("--profile", type=Path, required=True, help="from `pdserve profile`")
     parser.add_argument("--slo-ttft-p90", type=float, required=True, help="seconds")
@@ -62,24 +87,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        started = _shape(request_scale(args.port, {}, timeout_s=10))
-        scaler = _autoscaler(args, colocated=started.prefill == 0)
         last = scrape(args.metrics_url, time.monotonic())
+        applier = _applier(args, last)
+        scaler = _autoscaler(args, colocated=applier.current().prefill == 0)
+        if args.colocated and args.port is not None:
+            raise ValueError("--colocated: only with --export-port (a local cluster says so)")
     except (ProfileError, NoClusterError, OSError, ValueError) as error:
         print(f"pdserve autoscale: {error}", file=sys.stderr)
         return 1
+    try:
+        _loop(args, scaler, applier, last)
+    except KeyboardInterrupt:  # Ctrl-C: a scale in progress goes on in `pdserve up`
+        return 0
+    except NoClusterError as error:
+        print(f"pdserve autoscale: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _applier(args: argparse.Namespace, first: Routers) -> Applier:
+    if args.port is not None:
+        return LocalPods(args.port)
+    healthy = healthy_workers(first)
+    prefill = 0 if args.colocated else max(1, healthy.get("prefill", 0))
+    start_http_server(args.export_port)
+    return ReplicaGauges(Shape(prefill, max(1, healthy.get("decode", 0))))
+
+
+def _loop(args: argparse.Namespace, scaler: Autoscaler, applier: Applier, last: Routers) -> None:
     decided = 0
     while not args.intervals or decided < args.intervals:
         time.sleep(args.interval_seconds)
         try:
             now = scrape(args.metrics_url, time.monotonic())
-            current = _shape(request_scale(args.port, {}, timeout_s=10))  # whoever scaled it
-            _step(args, scaler, observation(last, now), current)
-        except (NoClusterError, ScaleError, TimeoutError, OSError) as error:
-            print(f"pdserve autoscale: {error}", file=sys.stderr)
-            return 1
+            current = applier.current()  # locally: whoever scaled it last
+            _step(args, scaler, applier, observation(last, now), current)
+        except NoClusterError:  # the cluster stopped (a ConnectionError, so before OSError)
+            raise
+        except (ScaleError, TimeoutError, OSError) as error:  # this interval's; the next retries
+            print(f"pdserve autoscale: {error}", file=sys.stderr, flush=True)
+            continue
         last, decided = now, decided + 1
-    return 0
 
 
 def _autoscaler(args: argparse.Namespace, colocated: bool) -> Autoscaler:
@@ -97,20 +145,24 @@ def _autoscaler(args: argparse.Namespace, colocated: bool) -> Autoscaler:
     return Autoscaler(load_profile(args.profile), engine, placement, slo, policy, colocated)
 
 
-def _step(args: argparse.Namespace, scaler: Autoscaler, seen: Observation, current: Shape) -> None:
+def _step(
+    args: argparse.Namespace,
+    scaler: Autoscaler,
+    applier: Applier,
+    seen: Observation,
+    current: Shape,
+) -> None:
     decision = scaler.decide(seen, current)
+    applier.record(decision)
+    departures: tuple[Departure, ...] = ()
     if decision.action in SCALES and not args.dry_run:
-        wanted = {"prefill": decision.shape.prefill, "decode": decision.shape.decode}
-        current = _shape(request_scale(args.port, wanted, timeout_s=600))
-    _print(seen, decision, current)
+        current, departures = applier.apply(decision.shape)
+    _print(seen, decision, current, departures)
 
 
-def _shape(status: ClusterStatus) -> Shape:
-    ready = [m for m in status.members if m.state == "ready"]
-    return Shape(sum(m.tier == "prefill" for m in ready), sum(m.tier == "decode" for m in ready))
-
-
-def _print(seen: Observation, decision: Decision, now: Shape) -> None:
+def _print(
+    seen: Observation, decision: Decision, now: Shape, departures: tuple[Departure, ...]
+) -> None:
     row = {
         "rate": round(seen.rate, 3),
         "in_flight": seen.in_flight,
@@ -118,5 +170,10 @@ def _print(seen: Observation, decision: Decision, now: Shape) -> None:
         "floor": str(decision.floor),
         "action": decision.action.value,
         "shape": str(now),
+        "correction": {
+            "prefill": round(decision.correction.prefill, 3),
+            "decode": round(decision.correction.decode, 3),
+        },
+        "departures": [dataclasses.asdict(departure) for departure in departures],
     }
     print(json.dumps(row), flush=True)

@@ -1,36 +1,57 @@
-"""What `pdserve autoscale` reads each interval: two scrapes of the router's /metrics turned into
+"""What `pdserve autoscale` reads each interval: two scrapes of the routers' /metrics turned into
 an `Observation` (the requests that finished between them, their prompt and output length
-histograms, the streams in flight at the second)."""
+histograms, the streams in flight at the second, and each tier's workers' recent steps as the
+second saw them).
+
+Every address the URL's host resolves to is scraped: on Kubernetes the router's headless
+Service names every router pod, and replicas share no state, so the interval's load is the sum of
+what each saw (a Service address would hand each scrape to any one router, and the deltas of two
+different routers' counters mean nothing). Each worker's steps are reported by every router that
+polls it: one copy is kept."""
 
 from __future__ import annotations
 
 import math
+import socket
+import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
+from pdserve.costmodel.correction import StepPhase, StepWindow
+from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner.autoscale import LengthHistogram, Observation
 
 PROMPT_TOKENS = "pdserve_router_prompt_tokens"
 OUTPUT_TOKENS = "pdserve_router_output_tokens"
 IN_FLIGHT = "pdserve_router_requests_in_flight"
+STEP_WINDOW = "pdserve_router_step_window"  # router/step_gauges.py
+WORKERS = "pdserve_router_workers"
+
+WindowKey = tuple[str, str, str]  # tier, worker, phase
 
 
 @dataclass(frozen=True)
 class Scrape:
-    """One scrape: each length histogram's cumulative bucket counts by upper bound, and the
-    streams in flight."""
+    """One router's metrics: each length histogram's cumulative bucket counts by upper bound, the
+    streams in flight, the workers' step windows and how many workers of each tier are healthy."""
 
     at: float  # time.monotonic() of the scrape
     buckets: Mapping[str, Mapping[float, float]]
     in_flight: int
+    step_windows: Mapping[WindowKey, StepWindow]
+    healthy_workers: Mapping[str, int]  # by tier
 
     @classmethod
     def parse(cls, text: str, at: float) -> Scrape:
         buckets: dict[str, dict[float, float]] = {PROMPT_TOKENS: {}, OUTPUT_TOKENS: {}}
         in_flight = 0.0
+        windows = _WindowGauge()
+        healthy: dict[str, int] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name.removesuffix("_bucket") in buckets and "le" in sample.labels:
@@ -38,18 +59,88 @@ class Scrape:
                     buckets[name][float(sample.labels["le"])] = sample.value
                 elif sample.name == IN_FLIGHT:
                     in_flight = sample.value
-        return cls(at, buckets, int(in_flight))
+                elif sample.name == STEP_WINDOW:
+                    windows.add(sample)
+                elif sample.name == WORKERS and sample.labels.get("state") == "healthy":
+                    healthy[sample.labels["tier"]] = int(sample.value)
+        return cls(at, buckets, int(in_flight), windows.windows(), healthy)
 
 
-def observation(before: Scrape, after: Scrape) -> Observation:
-    """What happened between two scrapes of the same router (counters only grow; a router that
-    restarted between them reads as the second scrape's counts alone)."""
-    prompts = _between(before.buckets[PROMPT_TOKENS], after.buckets[PROMPT_TOKENS])
-    outputs = _between(before.buckets[OUTPUT_TOKENS], after.buckets[OUTPUT_TOKENS])
-    return Observation(after.at - before.at, prompts.total, prompts, outputs, after.in_flight)
+Routers = Mapping[str, Scrape]  # one scrape per router address, taken together
 
 
-def _between(before: Mapping[float, float], after: Mapping[float, float]) -> LengthHistogram:
+class _WindowGauge:
+    """The step-window gauge's samples, gathered back into one `StepWindow` per worker and
+    phase."""
+
+    def __init__(self) -> None:
+        self._quantities: dict[WindowKey, dict[str, float]] = defaultdict(dict)
+
+    def add(self, sample: Sample) -> None:
+        labels = sample.labels
+        key = (labels["tier"], labels["worker"], labels["phase"])
+        self._quantities[key][labels["quantity"]] = sample.value
+
+    def windows(self) -> dict[WindowKey, StepWindow]:
+        return {
+            key: _window(StepPhase(key[2]), quantities)
+            for key, quantities in self._quantities.items()
+        }
+
+
+def _window(phase: StepPhase, quantities: Mapping[str, float]) -> StepWindow:
+    work = StepShape(
+        prefill_tokens=int(quantities.get("prefill_tokens", 0)),
+        prefill_pairs=int(quantities.get("prefill_pairs", 0)),
+        decode_seqs=int(quantities.get("decode_seqs", 0)),
+        decode_context=int(quantities.get("decode_context", 0)),
+    )
+    return StepWindow(phase, int(quantities.get("steps", 0)), work, quantities.get("seconds", 0.0))
+
+
+def observation(before: Routers, after: Routers) -> Observation:
+    """What happened between two scrapes of the same routers (counters only grow: a router that
+    restarted between them, or that the first did not see, reads as the second's counts)."""
+    seconds = _seconds(before, after)
+    prompts = _summed(_between(before, after, PROMPT_TOKENS))
+    outputs = _summed(_between(before, after, OUTPUT_TOKENS))
+    return Observation(
+        seconds,
+        prompts.total,
+        prompts,
+        outputs,
+        sum(scrape.in_flight for scrape in after.values()),
+        _windows_by_tier(after.values()),
+    )
+
+
+def healthy_workers(routers: Routers) -> dict[str, int]:
+    """Per tier, the most healthy workers any router sees (each router polls every worker)."""
+    healthy: dict[str, int] = defaultdict(int)
+    for scrape in routers.values():
+        for tier, count in scrape.healthy_workers.items():
+            healthy[tier] = max(healthy[tier], count)
+    return dict(healthy)
+
+
+def _seconds(before: Routers, after: Routers) -> float:
+    if not before or not after:
+        return 0.0
+    return min(s.at for s in after.values()) - min(s.at for s in before.values())
+
+
+def _between(before: Routers, after: Routers, name: str) -> list[LengthHistogram]:
+    return [
+        _histogram_between(
+            before[address].buckets[name] if address in before else {}, now.buckets[name]
+        )
+        for address, now in after.items()
+    ]
+
+
+def _histogram_between(
+    before: Mapping[float, float], after: Mapping[float, float]
+) -> LengthHistogram:
     restarted = any(after.get(bound, 0.0) < count for bound, count in before.items())
     base = {} if restarted else before
     cumulative = [(b, after[b] - base.get(b, 0.0)) for b in sorted(after) if not math.isinf(b)]
@@ -63,6 +154,43 @@ def _between(before: Mapping[float, float], after: Mapping[float, float]) -> Len
     return LengthHistogram(tuple(b for b, _ in cumulative), tuple(counts))
 
 
-def scrape(url: str, at: float, timeout_s: float = 5.0) -> Scrape:
-    with urllib.request.urlopen(url, timeout=timeout_s) as page:
-        return Scrape.parse(page.read().decode(), at)
+def _summed(histograms: Iterable[LengthHistogram]) -> LengthHistogram:
+    """Bucket by bucket (routers of one version share their bounds)."""
+    by_bound: dict[float, float] = defaultdict(float)
+    for histogram in histograms:
+        for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
+            by_bound[bound] += count
+    bounds = tuple(sorted(by_bound))
+    return LengthHistogram(bounds, tuple(by_bound[bound] for bound in bounds))
+
+
+def _windows_by_tier(scrapes: Iterable[Scrape]) -> dict[str, tuple[StepWindow, ...]]:
+    one_each: dict[WindowKey, StepWindow] = {}
+    for scrape in scrapes:
+        one_each.update(scrape.step_windows)
+    tiers: dict[str, list[StepWindow]] = defaultdict(list)
+    for (tier, _, _), window in one_each.items():
+        tiers[tier].append(window)
+    return {tier: tuple(windows) for tier, windows in tiers.items()}
+
+
+def scrape(url: str, at: float, timeout_s: float = 5.0) -> dict[str, Scrape]:
+    """Every router the URL's host resolves to, by address (one that does not answer is left
+    out; none answering raises)."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or 80
+    infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    addresses = sorted({str(info[4][0]) for info in infos})
+    scrapes: dict[str, Scrape] = {}
+    errors: list[OSError] = []
+    for address in addresses:
+        host = f"[{address}]" if ":" in address else address
+        one = parts._replace(netloc=f"{host}:{port}").geturl()
+        try:
+            with urllib.request.urlopen(one, timeout=timeout_s) as page:
+                scrapes[address] = Scrape.parse(page.read().decode(), at)
+        except OSError as error:
+            errors.append(error)
+    if not scrapes:
+        raise errors[0] if errors else OSError(f"{parts.hostname} resolves to no address")
+    return scrapes

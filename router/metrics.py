@@ -97,6 +97,13 @@ STEP_CORRECTION = Gauge(
     "1: too few steps yet). Only with --profile",
     ["phase", "tier", "worker"],
 )
+STEP_WINDOW = Gauge(
+    "pdserve_router_step_window",
+    "Each worker's recent steps of a phase, summed, from its Load reports (quantity: steps, "
+    "seconds, prefill_tokens, prefill_pairs, decode_seqs, decode_context; costmodel/"
+    "correction.py). pdserve autoscale corrects its profile per tier by them",
+    ["tier", "worker", "phase", "quantity"],
+)
 TENANT_REQUESTS = Counter(
     "pdserve_router_tenant_requests",
     "Requests by tenant (as --tenants lists it; others: unlisted) and outcome: admitted, or "

@@ -20,7 +20,7 @@ import grpc
 
 from pdserve.core.serving.server import message_limits
 from pdserve.core.serving.tls import secure_channel
-from pdserve.router import correction_gauge, metrics
+from pdserve.router import metrics, step_gauges
 from pdserve.router.config import RouterConfig, Tier
 from pdserve.router.placement.prefix_hash import PrefixHash
 from pdserve.router.placement.prefix_map import PrefixMap
@@ -263,8 +263,7 @@ class WorkerPool(Generic[StubT]):
         worker.sent_prompts = worker.sent_prompt_tokens = 0
         worker.slow = False
         worker.failed_polls = 0
-        if self._costs is not None:
-            correction_gauge.export(self._costs, self.tier.value, worker.address, report)
+        step_gauges.export(self._costs, self.tier.value, worker.address, report)
 
     def _stalled(self, worker: Worker[StubT], report: common_pb2.LoadResponse) -> bool:
         """A worker whose engine has been on one step for --engine-stall-seconds answers Load
@@ -291,8 +290,7 @@ class WorkerPool(Generic[StubT]):
             del self.workers[worker.address]
             if self.prefix_map is not None:
                 self.prefix_map.forget(worker.address)
-            if self._costs is not None:
-                correction_gauge.forget(self.tier.value, worker.address)
+            step_gauges.forget(self.tier.value, worker.address)
             task = asyncio.get_running_loop().create_task(worker.channel.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)

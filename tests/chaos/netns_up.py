@@ -1,6 +1,6 @@
 """`pdserve up --netns` as a user runs it (its own process, stopped with Ctrl-C), `pdserve scale`
 as a user calls it, and what a test reads of the pods: whether namespaces can be made here, a
-pod's link counters, the pids in a pod."""
+pod's link counters, the pids in a pod; `pdserve autoscale` beside it."""
 
 from __future__ import annotations
 
@@ -185,3 +185,48 @@ def pod_pids(namespace: str) -> list[int]:
         ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True
     )
     return [int(pid) for pid in listed.stdout.split()]
+
+
+class Autoscale:
+    """`pdserve autoscale` on a `pdserve up --netns`, as a user runs it beside the cluster; its
+    JSON lines (one per interval) are read as they come."""
+
+    def __init__(self, up: NetnsUp, router: str, flags: tuple[str, ...]) -> None:
+        """`flags`: beyond the router's metrics URL (--port or --export-port among them)."""
+        host = router.rsplit(":", 1)[0]
+        command = [sys.executable, "-m", "pdserve", "autoscale"]
+        command += ["--metrics-url", f"http://{host}:{up.metrics_port}/metrics", *flags]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.rows: list[dict[str, Any]] = []
+        self.other_lines: list[str] = []  # what it said beside its rows (errors)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                self.rows.append(json.loads(line))
+            else:
+                self.other_lines.append(line.rstrip())
+
+    def wait_for(self, action: str, shape: str, timeout_s: float) -> dict[str, Any]:
+        """The first row that took `action` and left the cluster at `shape`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for row in list(self.rows):
+                if row["action"] == action and row["shape"] == shape:
+                    return row
+            assert self.process.poll() is None, self.other_lines[-20:]
+            time.sleep(0.2)
+        raise AssertionError(f"no {action} to {shape} in {timeout_s:.0f} s: {self.rows}")
+
+    def stop(self) -> int:
+        """Ctrl-C; its exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout=60)
+        self._reader.join(timeout=5)
+        return code

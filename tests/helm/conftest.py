@@ -137,6 +137,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "ucx": {"netDevices": "eth0", "tcpPortRange": "50100-50200"},
         "model": {"volume": {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}}},
     },
+    "autoscaler-on": {
+        "autoscaler": {"enabled": True, "profileConfigMap": "pdserve-profile", "podCpus": 0.5},
+        "router": {"placement": "adaptive", "profile": "/etc/pdserve/profile.json"},
+    },
     "tenants-and-kv-offload": {
         "router": {"tenants": {"tenants": {"batch": {"weight": 1, "tokens_per_second": 2000}}}},
         "engine": {"kvOffloadHostGb": 1},

@@ -259,6 +259,47 @@ def test_each_tier_scales_on_its_own_metric(render: Render) -> None:
     assert decode["metrics"][0]["pods"]["metric"]["name"] == "pdserve_decode_kv_usage"
 
 
+def test_with_the_autoscaler_on_both_tier_hpas_follow_its_desired_replicas(
+    render: Render,
+) -> None:
+    autoscaler = {
+        "enabled": True,
+        "profileConfigMap": "pdserve-profile",
+        "podCpus": 0.5,
+        "metricLabels": {"namespace": NAMESPACE},
+    }
+    objects = render(
+        {"autoscaler": autoscaler, "router": {"placement": "adaptive"}}, RELEASE, NAMESPACE
+    )
+    hpas = kinds(objects, "HorizontalPodAutoscaler")
+    assert set(hpas) == {name_of(tier) for tier in WORKERS}  # the router's stays off
+    for tier in WORKERS:
+        spec = hpas[name_of(tier)]["spec"]
+        (metric,) = spec["metrics"]
+        assert metric["type"] == "External"
+        assert metric["external"]["metric"] == {
+            "name": "pdserve_autoscale_desired_replicas",
+            "selector": {"matchLabels": {"tier": tier, "namespace": NAMESPACE}},
+        }
+        assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+        assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 0
+        assert "replicas" not in one(objects, "Deployment", name_of(tier))["spec"]
+    pod = one(objects, "Deployment", name_of("autoscaler"))["spec"]["template"]["spec"]
+    (scaler,) = pod["containers"]
+    args = scaler["args"]
+    assert args[0] == "autoscale" and flag(args, "--export-port") == "9103"
+    headless = f"{name_of('router')}-headless.{NAMESPACE}.svc.cluster.local"
+    assert flag(args, "--metrics-url") == f"http://{headless}:9100/metrics"
+    assert flag(args, "--placement") == "adaptive" and flag(args, "--pod-cpus") == "0.5"
+    assert flag(args, "--profile") == "/etc/pdserve/profile/profile.json"
+    assert scaler["envFrom"] == [{"configMapRef": {"name": f"{name_of('decode')}-engine"}}]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["profile"]["configMap"]["name"] == "pdserve-profile"
+    assert pod["automountServiceAccountToken"] is False  # no API access: no RBAC
+    service = one(objects, "Service", name_of("autoscaler"))
+    assert service["metadata"]["labels"]["pdserve.io/metrics"] == "true"  # the ServiceMonitor's
+
+
 def test_pods_run_as_non_root_on_a_read_only_root(defaults: list[Manifest]) -> None:
     for role in ROLES:
         pod = one(defaults, "Deployment", name_of(role))["spec"]["template"]["spec"]

@@ -130,6 +130,7 @@ def test_defaults_pass_the_schema(chart: helm.Chart) -> None:
             {"prefill": {"autoscaling": {"cpu": {"enabled": False}}}},
             "prefill.autoscaling: enable cpu or podsMetric",
         ),
+        ({"autoscaler": {"enabled": True}}, "autoscaler.profileConfigMap is required"),
     ],
 )
 def test_inconsistent_autoscaling_fails_with_the_field_named(

@@ -1,15 +1,19 @@
 """planner/autoscale.py: the load it sizes for, the fewest pods the simulator says meet the SLOs,
-and when it acts (up at once, down after a run of quieter intervals, never below the streams)."""
+and when it acts (up at once, down after a run of quieter intervals, never below the streams);
+the workers' measured steps correct the profile per tier."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
 import pytest
 
 from pdserve.core.config import EngineConfig
+from pdserve.costmodel.correction import StepPhase, StepWindow, predicted_seconds
 from pdserve.costmodel.profile import load_profile
+from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner.autoscale import (
     Action,
     Autoscaler,
@@ -119,3 +123,34 @@ def test_never_below_the_slots_the_live_streams_need() -> None:
     assert [d.floor for d in decisions] == [Shape(1, 3)] * 3  # 20 streams, 8 slots a pod
     assert [d.action for d in decisions] == [Action.WAIT_DOWN, Action.SCALE_DOWN, Action.WAIT_DOWN]
     assert decisions[1].shape == Shape(1, 3)
+
+
+def _decode_steps(profile_seconds_times: float, pod_share: float = 1.0) -> Observation:
+    """A chat interval whose decode pods measured their steps at `profile_seconds_times` what
+    the profile predicts for a pod of `pod_share`."""
+    profile = load_profile(PROFILE)
+    work = StepShape.decodes(num_seqs=8 * 32, context_tokens=8 * 32 * 200)  # 32 steps of 8
+    window = StepWindow(StepPhase.DECODE, 32, work, 0.0)
+    measured = predicted_seconds(profile, window) / pod_share * profile_seconds_times
+    seen = _chat(1.0)
+    windows = {"decode": (dataclasses.replace(window, seconds=measured),)}
+    return dataclasses.replace(seen, step_windows=windows)
+
+
+def test_measured_steps_correct_their_tier_at_the_pods_share(engine: EngineConfig) -> None:
+    half = _scaler(engine, pod_share=0.5)
+    as_profiled = half.correction(_decode_steps(1.0, pod_share=0.5))
+    assert as_profiled.decode == pytest.approx(1.0) and as_profiled.prefill == 1.0
+    assert half.correction(_decode_steps(3.0, pod_share=0.5)).decode == pytest.approx(3.0)
+    few = dataclasses.replace(
+        _chat(1.0), step_windows={"decode": (StepWindow(StepPhase.DECODE, 2, StepShape(), 1.0),)}
+    )
+    assert half.correction(few).decode == 1.0  # too few steps: uncorrected
+
+
+def test_pods_slower_than_profiled_need_more_of_them(engine: EngineConfig) -> None:
+    scaler = _scaler(engine)
+    as_profiled = scaler.fewest_pods(_decode_steps(1.0))
+    slower = scaler.fewest_pods(_decode_steps(4.0))
+    assert slower.decode > as_profiled.decode and slower.prefill == as_profiled.prefill
+    assert scaler.decide(_decode_steps(4.0), as_profiled).correction.decode == pytest.approx(4.0)

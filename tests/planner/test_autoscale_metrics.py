@@ -1,11 +1,17 @@
 """planner/autoscale_metrics.py: two scrapes of the router's exposition text (written here by
 prometheus_client with the router's own metric names and buckets) become the interval's
-observation; a router restart between them does not read as negative counts."""
+observation; a router restart between them does not read as negative counts; the workers' step
+windows come back as the router exported them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram, generate_latest
 
+from pdserve.core.serving.step_window_proto import step_windows_to_proto
+from pdserve.costmodel.correction import StepPhase, StepWindow
+from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner.autoscale import LengthHistogram
 from pdserve.planner.autoscale_metrics import (
     IN_FLIGHT,
@@ -15,6 +21,8 @@ from pdserve.planner.autoscale_metrics import (
     observation,
 )
 from pdserve.router import metrics as router_metrics
+from pdserve.router import step_gauges
+from pdserve.v1 import common_pb2
 
 BOUNDS = tuple(float(2**i) for i in range(17))
 
@@ -36,6 +44,10 @@ class FakeRouterMetrics:
     def scrape(self, at: float) -> Scrape:
         return Scrape.parse(generate_latest(self.registry).decode(), at)
 
+    def scrapes(self, at: float) -> dict[str, Scrape]:
+        """As `scrape` reads one router."""
+        return {"10.0.0.1": self.scrape(at)}
+
 
 def _by_bound(histogram: LengthHistogram) -> dict[float, float]:
     pairs = zip(histogram.bounds, histogram.counts, strict=True)
@@ -51,12 +63,12 @@ def test_the_names_read_are_the_routers() -> None:
 def test_the_interval_counts_only_what_finished_between_the_scrapes() -> None:
     router = FakeRouterMetrics()
     router.finish(prompt=50, output=20, count=7)  # before the interval
-    before = router.scrape(at=100.0)
+    before = router.scrapes(at=100.0)
     router.finish(prompt=50, output=20, count=3)
     router.finish(prompt=1000, output=200, count=1)
     router.finish(prompt=200_000, output=5, count=1)  # past the last bound: the last bucket
     router.in_flight.set(6)
-    seen = observation(before, router.scrape(at=110.0))
+    seen = observation(before, router.scrapes(at=110.0))
     assert seen.seconds == 10.0 and seen.arrivals == 5 and seen.rate == 0.5
     assert seen.in_flight == 6
     assert _by_bound(seen.prompt_tokens) == {64.0: 3, 1024.0: 1, 65536.0: 1}
@@ -66,9 +78,58 @@ def test_the_interval_counts_only_what_finished_between_the_scrapes() -> None:
 def test_a_router_restarted_between_scrapes_counts_from_zero() -> None:
     old = FakeRouterMetrics()
     old.finish(prompt=50, output=20, count=9)
-    before = old.scrape(at=0.0)
+    before = old.scrapes(at=0.0)
     restarted = FakeRouterMetrics()
     restarted.finish(prompt=100, output=20, count=2)
-    seen = observation(before, restarted.scrape(at=15.0))
+    seen = observation(before, restarted.scrapes(at=15.0))
     assert seen.arrivals == 2
     assert _by_bound(seen.prompt_tokens) == {128.0: 2}
+
+
+def test_each_tiers_step_windows_are_read_back_from_the_routers_gauge() -> None:
+    """The router's own export (router/step_gauges.py, on its global registry) read back."""
+    decode = StepWindow(StepPhase.DECODE, 32, StepShape(decode_seqs=96, decode_context=9000), 1.5)
+    mixed = StepWindow(
+        StepPhase.MIXED, 5, StepShape(prefill_tokens=700, prefill_pairs=9, decode_seqs=3), 0.4
+    )
+    prefill = StepWindow(
+        StepPhase.PREFILL, 7, StepShape(prefill_tokens=3000, prefill_pairs=10**6), 2.0
+    )
+    reports = {
+        ("decode", "10.0.0.2:1"): [decode, mixed],
+        ("decode", "10.0.0.3:1"): [decode],
+        ("prefill", "10.0.0.4:1"): [prefill],
+    }
+    for (tier, worker), windows in reports.items():
+        report = common_pb2.LoadResponse(step_windows=step_windows_to_proto(windows))
+        step_gauges.export(None, tier, worker, report)
+    try:
+        seen = _windows_by_tier()
+        assert sorted(seen["decode"], key=str) == sorted([decode, mixed, decode], key=str)
+        assert seen["prefill"] == (prefill,)
+        step_gauges.export(None, "decode", "10.0.0.2:1", common_pb2.LoadResponse())
+        assert _windows_by_tier()["decode"] == (decode,)  # a phase gone is gone from the gauge
+    finally:
+        for tier, worker in reports:
+            step_gauges.forget(tier, worker)
+    assert not _windows_by_tier()
+
+
+def _windows_by_tier() -> Mapping[str, tuple[StepWindow, ...]]:
+    """The router's registry, scraped twice (two routers that poll the same workers)."""
+    text = generate_latest(REGISTRY).decode()
+    routers = {"10.0.0.1": Scrape.parse(text, at=0.0), "10.0.0.9": Scrape.parse(text, at=0.0)}
+    return observation(routers, routers).step_windows
+
+
+def test_router_replicas_are_summed_and_one_new_since_the_last_scrape_counts_from_zero() -> None:
+    first, second = FakeRouterMetrics(), FakeRouterMetrics()
+    first.finish(prompt=50, output=20, count=4)
+    before = {"10.0.0.1": first.scrape(at=0.0)}
+    first.finish(prompt=50, output=20, count=2)
+    second.finish(prompt=1000, output=20, count=3)  # a replica that came up meanwhile
+    first.in_flight.set(2)
+    second.in_flight.set(5)
+    seen = observation(before, {"10.0.0.1": first.scrape(10.0), "10.0.0.2": second.scrape(10.0)})
+    assert seen.arrivals == 5 and seen.rate == 0.5 and seen.in_flight == 7
+    assert _by_bound(seen.prompt_tokens) == {64.0: 2, 1024.0: 3}
