@@ -3,7 +3,8 @@
 Each module defines `add_arguments(parser)` and `run(args) -> int`, and only the chosen one is
 imported (pdserve/commands.py: `--help` loads no benchmark, hence no torch). The families are
 packages: offline/ (the engine core's throughput), disagg/ (colocated vs disaggregated serving),
-admission/ (what the router admits under overload), migration/ (moving streams between decode
+admission/ (what the router admits under overload), autoscale/ (the autoscaler against fixed
+deployments), migration/ (moving streams between decode
 workers), offload/ (KV offload tiers), pods/ (CPU-limited pods), peers/ (side by side with
 llama.cpp), router/ (the router's relay capacity), sjf/ (scheduling policies), micro/ (one
 mechanism each).
@@ -32,6 +33,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "admission": (
         "pdserve.bench.admission.cli",
         "the router's admission modes (off, --max-queue, predicted SLO miss) on the same overload",
+    ),
+    "autoscale": (
+        "pdserve.bench.autoscale.cli",
+        "pdserve autoscale vs every fixed deployment of CPU-limited pods on a shifting load",
+    ),
+    "make-autoscale-trace": (
+        "pdserve.bench.autoscale.trace",
+        "write the shipped shifting-load trace of `bench autoscale` (its phases' lengths scaled)",
     ),
     "migration": (
         "pdserve.bench.migration.cli",

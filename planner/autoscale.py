@@ -6,9 +6,10 @@ The prediction is `pdserve plan`'s own (planner/plan.py `deployments` and `evalu
 simulator with the router's placement rule), restricted to what a running cluster can change:
 its pod counts. The engine settings and the placement rule stay the cluster's, and a cluster
 started with a prefill tier keeps one (one started colocated stays so), as `pdserve scale`
-allows. The load is a Poisson trace at the observed rate times (1 + headroom), its prompt and
-output lengths drawn from the interval's histograms (the router's `pdserve_router_prompt_tokens`
-and `pdserve_router_output_tokens`), seeded, so the same observation gives the same answer.
+allows. The load is a Poisson trace at the observed arrival rate times (1 + headroom), its prompt
+and output lengths drawn from the interval's histograms (the router's
+`pdserve_router_admitted_prompt_tokens` and `pdserve_router_output_tokens`), seeded, so the same
+observation gives the same answer.
 
 What the workers measured corrects the profile (`tier_correction`): the router exports each
 worker's recent steps (`pdserve_router_step_window`), and the ratio of their measured time to what
@@ -89,7 +90,7 @@ class Observation:
     """One interval of the router's metrics (deltas over `seconds`)."""
 
     seconds: float
-    arrivals: float  # requests finished in the interval: the rate's numerator
+    arrivals: float  # streams admitted in the interval: the rate's numerator
     prompt_tokens: LengthHistogram
     output_tokens: LengthHistogram
     in_flight: int  # streams running at its end

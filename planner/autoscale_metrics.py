@@ -1,7 +1,10 @@
 """What `pdserve autoscale` reads each interval: two scrapes of the routers' /metrics turned into
-an `Observation` (the requests that finished between them, their prompt and output length
-histograms, the streams in flight at the second, and each tier's workers' recent steps as the
-second saw them).
+an `Observation` (the streams admitted between them and their prompt lengths, the output
+lengths of those that finished, the streams in flight at the second, and each tier's workers'
+recent steps as the second saw them). Arrivals are counted as the router admits them, not as they
+finish: finishes lag arrivals exactly when the deployment is short, and an autoscaler reading
+them sees no more load than the pods it has already serve. Output lengths are known only at the
+end: an interval in which none finished takes those of every request finished so far.
 
 Every address the URL's host resolves to is scraped: on Kubernetes the router's headless
 Service names every router pod, and replicas share no state, so the interval's load is the sum of
@@ -26,7 +29,7 @@ from pdserve.costmodel.correction import StepPhase, StepWindow
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner.autoscale import LengthHistogram, Observation
 
-PROMPT_TOKENS = "pdserve_router_prompt_tokens"
+PROMPT_TOKENS = "pdserve_router_admitted_prompt_tokens"
 OUTPUT_TOKENS = "pdserve_router_output_tokens"
 IN_FLIGHT = "pdserve_router_requests_in_flight"
 STEP_WINDOW = "pdserve_router_step_window"  # router/step_gauges.py
@@ -104,6 +107,8 @@ def observation(before: Routers, after: Routers) -> Observation:
     seconds = _seconds(before, after)
     prompts = _summed(_between(before, after, PROMPT_TOKENS))
     outputs = _summed(_between(before, after, OUTPUT_TOKENS))
+    if not outputs.total:  # none finished yet in this interval: those finished so far
+        outputs = _summed(_between({}, after, OUTPUT_TOKENS))
     return Observation(
         seconds,
         prompts.total,

@@ -73,6 +73,8 @@ class Admission:
             valid = await self.loaded_validator().validate(request)
             self._charge(valid, tenant)
             self._count(tenant, "admitted")
+            for _ in range(holder.streams):
+                metrics.ADMITTED_PROMPT_TOKENS.observe(len(valid.prompt_token_ids))
             yield dataclasses.replace(valid, places=holder)
         except asyncio.CancelledError:
             if holder.displaced_by is None or task is None:

@@ -52,6 +52,13 @@ PROMPT_TOKENS = Histogram(
     "Prompt tokens of each finished request: with output_tokens, the mix an autoscaler sizes for",
     buckets=_LENGTH_BUCKETS,
 )
+ADMITTED_PROMPT_TOKENS = Histogram(
+    "pdserve_router_admitted_prompt_tokens",
+    "Prompt tokens of each stream as the router admits it (a sample of n counts n): its count "
+    "over an interval is the arrival rate pdserve autoscale sizes for (finished requests lag "
+    "arrivals exactly when the deployment is short)",
+    buckets=_LENGTH_BUCKETS,
+)
 OUTPUT_TOKENS = Histogram(
     "pdserve_router_output_tokens",
     "Output tokens of each finished request (a sample of n counts apart)",

@@ -37,9 +37,13 @@ class FakeRouterMetrics:
         self.in_flight = Gauge(IN_FLIGHT, "", registry=self.registry)
 
     def finish(self, prompt: int, output: int, count: int = 1) -> None:
+        """`count` requests admitted and finished."""
         for _ in range(count):
-            self.prompts.observe(prompt)
+            self.admit(prompt)
             self.outputs.observe(output)
+
+    def admit(self, prompt: int) -> None:
+        self.prompts.observe(prompt)
 
     def scrape(self, at: float) -> Scrape:
         return Scrape.parse(generate_latest(self.registry).decode(), at)
@@ -55,12 +59,12 @@ def _by_bound(histogram: LengthHistogram) -> dict[float, float]:
 
 
 def test_the_names_read_are_the_routers() -> None:
-    assert router_metrics.PROMPT_TOKENS is not None  # registered on import
+    assert router_metrics.ADMITTED_PROMPT_TOKENS is not None  # registered on import
     for name in (f"{PROMPT_TOKENS}_count", f"{OUTPUT_TOKENS}_count", IN_FLIGHT):
         assert REGISTRY.get_sample_value(name) is not None, name
 
 
-def test_the_interval_counts_only_what_finished_between_the_scrapes() -> None:
+def test_the_interval_counts_only_what_arrived_between_the_scrapes() -> None:
     router = FakeRouterMetrics()
     router.finish(prompt=50, output=20, count=7)  # before the interval
     before = router.scrapes(at=100.0)
@@ -133,3 +137,15 @@ def test_router_replicas_are_summed_and_one_new_since_the_last_scrape_counts_fro
     seen = observation(before, {"10.0.0.1": first.scrape(10.0), "10.0.0.2": second.scrape(10.0)})
     assert seen.arrivals == 5 and seen.rate == 0.5 and seen.in_flight == 7
     assert _by_bound(seen.prompt_tokens) == {64.0: 2, 1024.0: 3}
+
+
+def test_arrivals_count_before_they_finish_and_outputs_fall_back_to_all_finished() -> None:
+    """Under overload requests arrive faster than they finish: the rate is the arrivals'."""
+    router = FakeRouterMetrics()
+    router.finish(prompt=50, output=100, count=2)
+    before = router.scrapes(at=0.0)
+    for _ in range(6):
+        router.admit(prompt=50)  # none of them finished yet
+    seen = observation(before, router.scrapes(at=3.0))
+    assert seen.arrivals == 6 and seen.rate == 2.0
+    assert _by_bound(seen.output_tokens) == {128.0: 2}  # the two finished before
