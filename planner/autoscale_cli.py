@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _stop_on_signals()
     try:
         last = scrape(args.metrics_url, time.monotonic())
         applier = _applier(args, last)
@@ -97,12 +99,20 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         _loop(args, scaler, applier, last)
-    except KeyboardInterrupt:  # Ctrl-C: a scale in progress goes on in `pdserve up`
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a scale in progress goes on in `pdserve up`
         return 0
     except NoClusterError as error:
         print(f"pdserve autoscale: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C, and SIGTERM (Kubernetes stopping the pod), end the loop wherever it is, with exit
+    0. Set here, not left to Python's default: a process started in the background of a
+    non-interactive shell inherits SIGINT ignored, and then never stopped on Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def _applier(args: argparse.Namespace, first: Routers) -> Applier:

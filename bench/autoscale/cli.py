@@ -26,10 +26,10 @@ in.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -45,9 +45,10 @@ from pdserve.bench.autoscale.deployment import (
 )
 from pdserve.bench.autoscale.trace import Phase, load_trace
 from pdserve.bench.disagg.attainment import outcomes
-from pdserve.bench.disagg.cli import send_plan
+from pdserve.bench.disagg.cli import plan_load, send_plan
 from pdserve.bench.disagg.workload import PlannedRequest, plan_requests, point_seed
 from pdserve.loadtest.calls import CallResult
+from pdserve.loadtest.driver import drive
 from pdserve.planner.autoscale import Shape
 
 AUTOSCALE = "autoscale"
@@ -207,25 +208,23 @@ def _serve_phases(
     router: str, phases: Sequence[Phase], plans: Sequence[tuple[PlannedRequest, ...]]
 ) -> tuple[list[Window], list[tuple[CallResult, ...]]]:
     """Each phase's requests from its start on (the previous phase's may still run), all of
-    them to the end."""
+    them to the end, in one event loop."""
     start = time.monotonic()
     windows, offset = [], 0.0
     for phase in phases:
         windows.append(Window(phase, start + offset))
         offset += phase.seconds
-    results: list[tuple[CallResult, ...]] = [() for _ in phases]
 
-    def serve(index: int) -> None:
-        time.sleep(max(0.0, windows[index].start - time.monotonic()))
+    async def serve(index: int) -> tuple[CallResult, ...]:
+        await asyncio.sleep(max(0.0, windows[index].start - time.monotonic()))
         seed = index + 1  # each phase its own arrivals, the same for every arm
-        results[index] = send_plan(router, plans[index], phases[index].rate, seed)
+        config = plan_load(router, plans[index], phases[index].rate, seed)
+        return (await drive(config)).results
 
-    threads = [threading.Thread(target=serve, args=(index,)) for index in range(len(phases))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return windows, results
+    async def every_phase() -> list[tuple[CallResult, ...]]:
+        return list(await asyncio.gather(*(serve(index) for index in range(len(phases)))))
+
+    return windows, asyncio.run(every_phase())
 
 
 def _row(

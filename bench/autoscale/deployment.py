@@ -105,10 +105,15 @@ class Autoscaler:
             else:
                 self.other_lines.append(line.rstrip())
 
-    def stop(self) -> int:
+    def stop(self, timeout_s: float = 120.0) -> int:
+        """Ctrl-C; its exit code (killed past `timeout_s`: -9)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-        return self.process.wait(timeout=120)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
 
 
 class Sampler:

@@ -330,11 +330,27 @@ def send_plan(
     rate: float | None,
     schedule_seed: int,
     with_slo: bool = False,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> tuple[CallResult, ...]:
     """Streams every planned request through the router at Poisson arrivals (or all at once)
     and waits for the last to finish; `with_slo`: each carries its class's TTFT SLO as its own
-    (`GenerateRequest.slo`, what the router's admission judges)."""
-    config = LoadConfig(
+    (`GenerateRequest.slo`, what the router's admission judges); `metadata` goes with every
+    call (e.g. a tenant header)."""
+    config = plan_load(host, plan, rate, schedule_seed, with_slo, metadata)
+    return asyncio.run(drive(config)).results
+
+
+def plan_load(
+    host: str,
+    plan: tuple[PlannedRequest, ...],
+    rate: float | None,
+    schedule_seed: int,
+    with_slo: bool = False,
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> LoadConfig:
+    """The load runner's config for `send_plan` (several run together in one event loop by
+    gathering `drive` of each)."""
+    return LoadConfig(
         method=Method.GENERATE_STREAM,
         host=host,
         data=tuple(request.call_data(with_slo) for request in plan),
@@ -345,8 +361,8 @@ def send_plan(
         schedule_seed=schedule_seed,
         timeout_s=900.0,
         insecure=True,
+        metadata=metadata,
     )
-    return asyncio.run(drive(config)).results
 
 
 def _slo_text(classes: tuple[RequestClass, ...], settings: BenchSettings) -> str:

@@ -8,8 +8,20 @@ import math
 
 import pytest
 
-from pdserve.bench.admission.cli import Served, _median_error, _row
+from pdserve.bench.admission.cli import RowKey, Served, _median_error, _row
+from pdserve.bench.admission.tenants import (
+    ALONE,
+    FLOOD,
+    SHARED,
+    Flood,
+    TenantLoad,
+    scenarios,
+    tenant_loads,
+)
 from pdserve.bench.disagg.attainment import RequestOutcome
+from pdserve.bench.disagg.cli import Point
+from pdserve.bench.disagg.workload import DEFAULT_SPEC, parse_spec
+from pdserve.router.tenants import parse_tenants
 
 
 def outcome(meets: bool, ttft: float | None = 0.5, completed: bool = True) -> RequestOutcome:
@@ -23,13 +35,13 @@ def test_rows_judge_admitted_requests_and_count_goodput_over_every_arrival() -> 
         0.1,
     )
     second = Served((outcome(True), outcome(True)), (False, False), math.nan)
-    row = _row("predict", 0.5, [first, second], duration_s=10.0)
+    row = _row(RowKey("predict", 0.5), [first, second], duration_s=10.0)
     assert row.attainment_admitted == pytest.approx(3 / 4)  # the refused one is not judged
     assert row.rejected_fraction == pytest.approx(1 / 5)
     assert row.goodput == pytest.approx(3 / 20)  # met SLOs per second of arrivals, both repeats
     assert row.ttft_p99_admitted == 3.0
     assert row.prediction_error_p50 == 0.1  # the repeat that judged none does not count
-    assert _row("queue", 0.5, [first], 10.0).prediction_error_p50 is None
+    assert _row(RowKey("queue", 0.5), [first], 10.0).prediction_error_p50 is None
 
 
 def test_the_median_error_is_read_from_the_histogram_buckets() -> None:
@@ -37,3 +49,28 @@ def test_the_median_error_is_read_from_the_histogram_buckets() -> None:
     after = {0.5: 1.0, 1.0: 3.0, 1.25: 6.0, math.inf: 6.0}  # 4 new: 1 at <= 1.0, 3 at <= 1.25
     assert _median_error(before, after) == pytest.approx(0.25)
     assert math.isnan(_median_error(after, after))
+
+
+def _point(rate: float) -> Point:
+    return Point(rate, 0, (), 0)
+
+
+def test_each_tenant_sends_its_weighted_share_and_the_flooder_five_times_it() -> None:
+    config = parse_tenants(
+        {"tenants": {"alice": {"weight": 1}, "bob": {"weight": 1}, "batch": {"weight": 2}}}, "t"
+    )
+    classes = parse_spec(DEFAULT_SPEC)
+    flood = Flood("bob", 5.0)
+
+    def loads(scenario: str) -> dict[str, TenantLoad]:
+        found = tenant_loads(_point(0.4), config, classes, 100.0, 1000, 0, flood, scenario)
+        return {load.tenant: load for load in found}
+
+    alone, flooded = loads(ALONE), loads(FLOOD)
+    assert set(alone) == {"alice", "batch"}  # the flooder is silent alone
+    assert alone["alice"].rate == pytest.approx(0.1) and alone["batch"].rate == pytest.approx(0.2)
+    assert flooded["bob"].rate == pytest.approx(0.5) and len(flooded["bob"].plan) == 50
+    for tenant in ("alice", "batch"):  # the same requests at the same arrivals both times
+        assert flooded[tenant] == alone[tenant]
+    assert alone["alice"].plan != alone["batch"].plan[: len(alone["alice"].plan)]
+    assert scenarios(None) == (SHARED,)

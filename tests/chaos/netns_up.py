@@ -223,10 +223,18 @@ class Autoscale:
             time.sleep(0.2)
         raise AssertionError(f"no {action} to {shape} in {timeout_s:.0f} s: {self.rows}")
 
-    def stop(self) -> int:
-        """Ctrl-C; its exit code."""
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """Ctrl-C; its exit code (one still running after `timeout_s` is killed: left running, it
+        would go on scaling the cluster the next tests use)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-        code = self.process.wait(timeout=60)
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(
+                f"pdserve autoscale ignored Ctrl-C for {timeout_s:.0f} s"
+            ) from None
         self._reader.join(timeout=5)
         return code
