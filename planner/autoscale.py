@@ -19,7 +19,8 @@ planner corrects its prefill and decode predictions by measured / predicted; per
 simulator's pods are per tier, and a profile from another host or backend is wrong by a scale
 (costmodel/correction.py says why a ratio rather than a refit).
 
-When to act (`Autoscaler.decide`): up at once (a missed SLO costs now); down only once
+When to act (`Autoscaler.decide`): up at once (a missed SLO costs now; the other tier kept as it
+is unless that passes `max_pods`); down only once
 `down_after` intervals in a row wanted fewer, to the most any of them wanted (a lull between two
 bursts is not a trend); never below the floor the live streams need (decode slots for every
 stream in flight: a scale-in moves streams, it must not strand them). A load no deployment
@@ -257,7 +258,9 @@ class Autoscaler:
     def _act(self, wanted: Shape, current: Shape) -> tuple[Action, Shape]:
         if wanted.prefill > current.prefill or wanted.decode > current.decode:
             self._fewer_in_a_row.clear()
-            return Action.SCALE_UP, wanted.at_least(current)
+            # The other tier is not cut on the way, unless keeping it would pass max_pods.
+            raised = wanted.at_least(current)
+            return Action.SCALE_UP, raised if raised.pods <= self.policy.max_pods else wanted
         if wanted == current:
             self._fewer_in_a_row.clear()
             return Action.HOLD, current

@@ -5,8 +5,9 @@ it scales a `pdserve up --netns` through `pdserve scale`'s control endpoint; wit
 HorizontalPodAutoscalers (planner/autoscale_apply.py). Live KV migration makes a scale-in lose
 nothing either way.
 
-Every `--interval-seconds` it scrapes the router's metrics, decides, scales when the decision
-says so (waiting until the pods are ready or drained) and prints one line: the interval's rate,
+Every `--interval-seconds` it scrapes the router's metrics, decides on the load of the last
+`--window-seconds`, scales when the decision says so (waiting until the pods are ready or
+drained) and prints one line: the window's arrival rate,
 streams in flight, what the load wanted, the floor the streams need, the action, the shape, and
 the factor each tier's simulated pods were corrected by (measured / predicted step time), and the
 workers a scale-in drained (`pdserve scale --json`'s departures).
@@ -32,7 +33,7 @@ from pdserve.local.scale_control import NoClusterError
 from pdserve.local.status import Departure, ScaleError
 from pdserve.planner.autoscale import Action, Autoscaler, Decision, Observation, Policy, Shape
 from pdserve.planner.autoscale_apply import Applier, LocalPods, ReplicaGauges
-from pdserve.planner.autoscale_metrics import Routers, healthy_workers, observation, scrape
+from pdserve.planner.autoscale_metrics import Routers, ScrapeWindow, healthy_workers, scrape
 from pdserve.planner.plan import Slo
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 
@@ -63,7 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, required=True, help="from `pdserve profile`")
     parser.add_argument("--slo-ttft-p90", type=float, required=True, help="seconds")
     parser.add_argument("--slo-itl-p99", type=float, required=True, help="seconds")
-    parser.add_argument("--interval-seconds", type=float, default=15.0)
+    parser.add_argument("--interval-seconds", type=float, default=15.0, help="between decisions")
+    parser.add_argument(
+        "--window-seconds",
+        type=float,
+        default=60.0,
+        help="the load each decision sizes for is measured over this long (at least an interval)",
+    )
     parser.add_argument("--headroom", type=float, default=Policy.headroom, help="0.25: +25 %%")
     parser.add_argument("--down-after", type=int, default=Policy.down_after, help="intervals")
     parser.add_argument("--max-pods", type=int, default=Policy.max_pods, help="prefill + decode")
@@ -124,20 +131,21 @@ def _applier(args: argparse.Namespace, first: Routers) -> Applier:
     return ReplicaGauges(Shape(prefill, max(1, healthy.get("decode", 0))))
 
 
-def _loop(args: argparse.Namespace, scaler: Autoscaler, applier: Applier, last: Routers) -> None:
+def _loop(args: argparse.Namespace, scaler: Autoscaler, applier: Applier, first: Routers) -> None:
+    window = ScrapeWindow(max(args.window_seconds, args.interval_seconds), first)
     decided = 0
     while not args.intervals or decided < args.intervals:
         time.sleep(args.interval_seconds)
         try:
             now = scrape(args.metrics_url, time.monotonic())
             current = applier.current()  # locally: whoever scaled it last
-            _step(args, scaler, applier, observation(last, now), current)
+            _step(args, scaler, applier, window.add(now), current)
         except NoClusterError:  # the cluster stopped (a ConnectionError, so before OSError)
             raise
         except (ScaleError, TimeoutError, OSError) as error:  # this interval's; the next retries
             print(f"pdserve autoscale: {error}", file=sys.stderr, flush=True)
             continue
-        last, decided = now, decided + 1
+        decided += 1
 
 
 def _autoscaler(args: argparse.Namespace, colocated: bool) -> Autoscaler:

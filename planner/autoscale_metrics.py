@@ -18,7 +18,7 @@ import math
 import socket
 import urllib.parse
 import urllib.request
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -119,6 +119,27 @@ def observation(before: Routers, after: Routers) -> Observation:
     )
 
 
+class ScrapeWindow:
+    """The scrapes of the last `seconds`: each interval's observation spans from the oldest one
+    still within the window to the newest. A decision every interval on a load measured over
+    longer: at 0.1 req/s a 10 s interval holds one arrival or none, and its rate swings between 0
+    and 3x the true one (a first trace run scaled up and back down every other interval so)."""
+
+    def __init__(self, seconds: float, first: Routers) -> None:
+        self.seconds = seconds
+        self._scrapes: deque[Routers] = deque([first])
+
+    def add(self, now: Routers) -> Observation:
+        self._scrapes.append(now)
+        while len(self._scrapes) > 2 and _at(now) - _at(self._scrapes[1]) >= self.seconds:
+            self._scrapes.popleft()
+        return observation(self._scrapes[0], now)
+
+
+def _at(routers: Routers) -> float:
+    return min(scrape.at for scrape in routers.values())
+
+
 def healthy_workers(routers: Routers) -> dict[str, int]:
     """Per tier, the most healthy workers any router sees (each router polls every worker)."""
     healthy: dict[str, int] = defaultdict(int)
@@ -129,9 +150,7 @@ def healthy_workers(routers: Routers) -> dict[str, int]:
 
 
 def _seconds(before: Routers, after: Routers) -> float:
-    if not before or not after:
-        return 0.0
-    return min(s.at for s in after.values()) - min(s.at for s in before.values())
+    return _at(after) - _at(before) if before and after else 0.0
 
 
 def _between(before: Routers, after: Routers, name: str) -> list[LengthHistogram]:

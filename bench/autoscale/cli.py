@@ -2,7 +2,8 @@
 shifting load, pods at a CPU limit.
 
     pdserve bench autoscale [--model PATH] [--trace FILE] [--pod-cpus 0.5] [--arms A,...]
-        [--slo-tpot S] [--slo-ttft-p90 S] [--slo-itl-p99 S] [--interval-seconds S] [--json]
+        [--slo-tpot S] [--slo-ttft-p90 S] [--slo-itl-p99 S] [--interval-seconds S]
+        [--window-seconds S] [--json]
 
 Each arm is a fresh `pdserve up --netns` whose worker pods each get `--pod-cpus` cores: a fixed
 arm `1P2D` keeps 1 prefill and 2 decode pods throughout (`0PnD`: n colocated pods), the
@@ -31,6 +32,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -121,6 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo-ttft-p90", type=float, default=2.0, help="the autoscaler's")
     parser.add_argument("--slo-itl-p99", type=float, default=0.6, help="the autoscaler's")
     parser.add_argument("--interval-seconds", type=float, default=15.0, help="the autoscaler's")
+    parser.add_argument("--window-seconds", type=float, default=60.0, help="the autoscaler's")
     parser.add_argument("--max-pods", type=int, default=MAX_PODS, help="the autoscaler's")
     parser.add_argument("--seed", type=int, default=0, help="of the requests (every arm's)")
     parser.add_argument(
@@ -183,10 +186,18 @@ def _run_arm(
     if log_dir is not None and scaled:  # what it decided, each line stamped on the arm's clock
         lines = (json.dumps({"at": r.at - windows[0].start, **r.row}) for r in scaled)
         (log_dir / "autoscale.jsonl").write_text("".join(line + "\n" for line in lines))
+    _report_lost(arm, results)
     return [
         _row(arm, window, plan, found, samples, scaled, args.slo_tpot)
         for window, plan, found in zip(windows, plans, results, strict=True)
     ]
+
+
+def _report_lost(arm: str, results: Sequence[tuple[CallResult, ...]]) -> None:
+    """Why requests did not complete, by status (on stderr: the rows only count them)."""
+    lost = Counter(result.status for phase in results for result in phase if not result.ok)
+    if lost:
+        print(f"{arm}: requests lost by status: {dict(lost)}", file=sys.stderr, flush=True)
 
 
 def _autoscale_flags(args: argparse.Namespace, profile: Path) -> tuple[str, ...]:
@@ -194,6 +205,7 @@ def _autoscale_flags(args: argparse.Namespace, profile: Path) -> tuple[str, ...]
         *("--profile", str(profile), "--pod-cpus", str(args.pod_cpus)),
         *("--slo-ttft-p90", str(args.slo_ttft_p90), "--slo-itl-p99", str(args.slo_itl_p99)),
         *("--interval-seconds", str(args.interval_seconds), "--max-pods", str(args.max_pods)),
+        *("--window-seconds", str(args.window_seconds)),
     )
 
 

@@ -71,7 +71,7 @@ PROFILE = Path(__file__).parents[2] / "docs" / "planning-profile-cpu.json"
 AUTOSCALE_FLAGS = (
     *("--profile", str(PROFILE), "--pod-cpus", str(POD_CPUS)),
     *("--slo-ttft-p90", "600", "--slo-itl-p99", "0.001", "--max-pods", "3", "--headroom", "0"),
-    *("--interval-seconds", "2", "--down-after", "1", *WORKER_ARGS),
+    *("--interval-seconds", "2", "--window-seconds", "2", "--down-after", "1", *WORKER_ARGS),
 )
 
 

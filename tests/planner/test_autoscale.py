@@ -154,3 +154,12 @@ def test_pods_slower_than_profiled_need_more_of_them(engine: EngineConfig) -> No
     slower = scaler.fewest_pods(_decode_steps(4.0))
     assert slower.decode > as_profiled.decode and slower.prefill == as_profiled.prefill
     assert scaler.decide(_decode_steps(4.0), as_profiled).correction.decode == pytest.approx(4.0)
+
+
+def test_raising_one_tier_keeps_the_other_only_within_max_pods() -> None:
+    scaler = _fixed(Shape(1, 3), Shape(2, 2))
+    assert scaler.policy.max_pods == 4
+    up = scaler.decide(_chat(1.0), Shape(3, 1))  # 3P3D would be six pods
+    assert (up.action, up.shape) == (Action.SCALE_UP, Shape(1, 3))
+    up = scaler.decide(_chat(1.0), Shape(1, 1))
+    assert (up.action, up.shape) == (Action.SCALE_UP, Shape(2, 2))

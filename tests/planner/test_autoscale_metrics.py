@@ -18,6 +18,7 @@ from pdserve.planner.autoscale_metrics import (
     OUTPUT_TOKENS,
     PROMPT_TOKENS,
     Scrape,
+    ScrapeWindow,
     observation,
 )
 from pdserve.router import metrics as router_metrics
@@ -149,3 +150,14 @@ def test_arrivals_count_before_they_finish_and_outputs_fall_back_to_all_finished
     seen = observation(before, router.scrapes(at=3.0))
     assert seen.arrivals == 6 and seen.rate == 2.0
     assert _by_bound(seen.output_tokens) == {128.0: 2}  # the two finished before
+
+
+def test_each_decision_sees_the_load_of_the_whole_window() -> None:
+    router = FakeRouterMetrics()
+    window = ScrapeWindow(30.0, router.scrapes(at=0.0))
+    seen = []
+    for at in (10.0, 20.0, 30.0, 40.0, 50.0):
+        router.finish(prompt=50, output=20, count=1 if at == 10.0 else 0)
+        seen.append(window.add(router.scrapes(at)))
+    assert [s.arrivals for s in seen] == [1, 1, 1, 0, 0]  # the arrival before 10 s, for 30 s
+    assert [s.seconds for s in seen] == [10.0, 20.0, 30.0, 30.0, 30.0]
