@@ -187,6 +187,7 @@ class Autoscaler:
         self.colocated = colocated
         self._wanted = wanted or self.fewest_pods
         self._fewer_in_a_row: list[Shape] = []
+        self._last_wanted: Shape | None = None
 
     def floor(self, observation: Observation) -> Shape:
         decode = max(1, math.ceil(observation.in_flight / self.engine.max_num_seqs))
@@ -216,8 +217,17 @@ class Autoscaler:
             ]
             meeting = [candidate for candidate in tried if candidate.meets]
             if meeting:
-                return _shape(min(meeting, key=lambda c: c.ttft_p90))
+                return self._kept_or_best(meeting)
         return _shape(min(tried, key=self._miss)) if tried else smallest
+
+    def _kept_or_best(self, meeting: Sequence[Candidate]) -> Shape:
+        """Among splits that meet, the one wanted last time if it is one of them, else the
+        lowest TTFT p90: at a few arrivals a window the best split flips between, say, 3P1D and
+        1P3D, and each flip moves two pods for no gain (a first trace run did so)."""
+        shapes = [_shape(candidate) for candidate in meeting]
+        if self._last_wanted in shapes:
+            return self._last_wanted
+        return _shape(min(meeting, key=lambda c: c.ttft_p90))
 
     def _miss(self, candidate: Candidate) -> float:
         """How far a candidate is from meeting: its worse SLO ratio, unfinished requests first."""
@@ -251,7 +261,9 @@ class Autoscaler:
 
     def decide(self, observation: Observation, current: Shape) -> Decision:
         floor = self.floor(observation)
-        wanted = self._wanted(observation).at_least(floor)
+        load_wants = self._wanted(observation)
+        self._last_wanted = load_wants
+        wanted = load_wants.at_least(floor)
         action, shape = self._act(wanted, current)
         return Decision(action, shape, wanted, floor, self.correction(observation))
 

@@ -1,4 +1,4 @@
-"""Elastic tiers under steady open-loop load, in pods (`pdserve up --netns`): decode 1 -> 3 -> 1
+"""Elastic tiers under steady open-loop load, in pods (`pdserve up --netns`): decode 1 -> 2 -> 1
 and prefill 1 -> 2 -> 1 with `pdserve scale`, then decode 1 -> 2 -> 1 by `pdserve autoscale` on a
 step in load, then a decode worker SIGKILLed instead of drained, then a decode pod cut off from
 the network (no reset: only keepalive can tell).
@@ -159,23 +159,23 @@ def _middle(text: str) -> str:
 
 
 def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
-    steps: list[dict[str, int]] = [{"decode": 3}, {"prefill": 2}, {"decode": 1}, {"prefill": 1}]
+    steps: list[dict[str, int]] = [{"decode": 2}, {"prefill": 2}, {"decode": 1}, {"prefill": 1}]
     seen: list[dict[str, Any]] = []
 
     async def scale_steps() -> None:
         for step in steps:
             seen.append(await asyncio.to_thread(cluster.up.scale, **step))
-            if step in ({"decode": 3}, {"prefill": 2}):  # every worker takes traffic
+            if step in ({"decode": 2}, {"prefill": 2}):  # every worker takes traffic
                 await _until_every_member_served(cluster, _members(seen[-1], next(iter(step))))
             else:
                 await asyncio.sleep(SETTLE_UNDER_LOAD_S)
 
     outcomes = asyncio.run(_under_load(cluster, scale_steps()))
     _assert_as_undisturbed(cluster, outcomes)
-    decode_3, prefill_2, decode_1, prefill_1 = seen
-    assert [_ready(decode_3, "decode"), _ready(prefill_2, "prefill")] == [3, 2]
+    decode_2, prefill_2, decode_1, prefill_1 = seen
+    assert [_ready(decode_2, "decode"), _ready(prefill_2, "prefill")] == [2, 2]
     assert [_ready(decode_1, "decode"), _ready(prefill_1, "prefill")] == [1, 1]
-    for status, tier, count in ((decode_1, "decode", 2), (prefill_1, "prefill", 1)):
+    for status, tier, count in ((decode_1, "decode", 1), (prefill_1, "prefill", 1)):
         drained = [d for d in status["departures"] if d["name"].startswith(tier)]
         assert len(drained) == count, status
         for departure in drained:  # drained within its grace and exited cleanly

@@ -14,6 +14,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.costmodel.correction import StepPhase, StepWindow, predicted_seconds
 from pdserve.costmodel.profile import load_profile
 from pdserve.costmodel.step_shape import StepShape
+from pdserve.planner import autoscale
 from pdserve.planner.autoscale import (
     Action,
     Autoscaler,
@@ -23,7 +24,8 @@ from pdserve.planner.autoscale import (
     Shape,
     trace,
 )
-from pdserve.planner.plan import Slo
+from pdserve.planner.plan import Candidate, Slo
+from pdserve.planner.sim_cluster import Deployment
 from pdserve.router.placement.prefill_place import PlacementConfig
 
 PROFILE = Path(__file__).parents[2] / "docs" / "planning-profile-cpu.json"
@@ -163,3 +165,25 @@ def test_raising_one_tier_keeps_the_other_only_within_max_pods() -> None:
     assert (up.action, up.shape) == (Action.SCALE_UP, Shape(1, 3))
     up = scaler.decide(_chat(1.0), Shape(1, 1))
     assert (up.action, up.shape) == (Action.SCALE_UP, Shape(2, 2))
+
+
+def test_a_split_that_still_meets_is_kept_rather_than_flipped(
+    engine: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator faked: 1P1D never meets; 2P1D and 1P2D meet with TTFTs set per interval."""
+    ttft: dict[Shape, float] = {}
+    meets: dict[Shape, bool] = {Shape(1, 1): False}
+
+    def simulated(deployment: Deployment, *_: object) -> Candidate:
+        shape = Shape(deployment.num_prefill, deployment.num_decode)
+        fits = meets.get(shape, True)
+        return Candidate(deployment, ttft.get(shape, 9.0), 0.1, 1.0, 1.0, 0.0, 0.0, 0.0, fits)
+
+    monkeypatch.setattr(autoscale, "evaluate", simulated)
+    scaler = _scaler(engine)
+    ttft.update({Shape(2, 1): 0.5, Shape(1, 2): 0.9})
+    assert scaler.decide(_chat(1.0), Shape(1, 1)).wanted == Shape(2, 1)  # the lowest TTFT
+    ttft.update({Shape(2, 1): 0.9, Shape(1, 2): 0.5})
+    assert scaler.decide(_chat(1.0), Shape(2, 1)).wanted == Shape(2, 1)  # still meets: kept
+    meets[Shape(2, 1)] = False
+    assert scaler.decide(_chat(1.0), Shape(2, 1)).wanted == Shape(1, 2)  # no longer meets
