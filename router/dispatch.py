@@ -89,7 +89,7 @@ class Dispatcher:
         self.live = LiveMigration(registry, self.aborts)
         self.multiplexer = DecodeMultiplexer()
         self.direct = DirectCalls()
-        registry.decode.on_stalled = self._lose  # a wedged engine's streams move
+        registry.decode.on_lost = self._lose  # a wedged or silent worker's streams move
         # How long streams ran (those that ended by themselves): adaptive placement prices a
         # request's decode by the forecast, not by its max_tokens alone.
         self.output_lengths = OutputLengths()
@@ -287,7 +287,7 @@ class Dispatcher:
         )
 
     def _lose(self, worker: Worker[DecodeAsyncStub]) -> None:
-        """Fails every request on a wedged decode worker over, on either relay."""
+        """Fails every request on a wedged or silent decode worker over, on either relay."""
         self.multiplexer.lose(worker)
         self.direct.lose(worker)
 

@@ -3,15 +3,20 @@
 A worker enters from the flags or a DNS answer and answers `Load` every
 --load-poll-interval-seconds; one that fails a poll is unhealthy (not picked) until it answers
 again, except that a worker unhealthy only for answering late (busy, not dead) is still picked
-when no healthy one is left. A worker that leaves the DNS answer is no longer picked and its
-channel is closed once its in-flight calls have ended, so a scale-down never cuts a running
-request.
+when no healthy one is left. A worker whose Load calls have gone unanswered for as long as
+keepalive gives a vanished peer (--keepalive-seconds + --keepalive-timeout-seconds) is given up:
+its streams fail over (`on_lost`). Keepalive alone does not always find such a worker: a pod cut
+off under load once held its streams for over a minute (gRPC core can queue its pings behind
+writes that never leave; grpc/grpc issue 14717). A worker that leaves the DNS answer is no
+longer picked and its channel is closed once its in-flight calls have ended, so a scale-down
+never cuts a running request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -71,6 +76,8 @@ class Worker(Generic[StubT]):
     # Unhealthy only because its Load answers came late (a busy worker, not a dead one).
     slow: bool = False
     removed: bool = False
+    answered_at: float | None = None  # time.monotonic() of its last Load answer
+    given_up: bool = False  # its streams were failed over; until it answers again
     # Prompts (and their tokens) the router sent it to prefill since its last load report.
     sent_prompts: int = 0
     sent_prompt_tokens: int = 0
@@ -103,9 +110,10 @@ class WorkerPool(Generic[StubT]):
         self._load_timeout = config.load_timeout_seconds
         self._costs = config.costs  # its per-worker corrections are exported as gauges
         self._stall_limit = config.engine_stall_seconds
-        # Called once when a worker's Load shows its engine wedged (the dispatcher fails its
-        # streams over); None: nothing to fail.
-        self.on_stalled: Callable[[Worker[StubT]], None] | None = None
+        self._silence_limit = config.keepalive.time_seconds + config.keepalive.timeout_seconds
+        # Called once when a worker is given up, its engine wedged or its Load silent (the
+        # dispatcher fails its streams over); None: nothing to fail.
+        self.on_lost: Callable[[Worker[StubT]], None] | None = None
         self._tls = config.worker_tls
         # A fixed HTTP/2 window (no BDP probing, which grows it to megabytes on a fast link):
         # a decode worker's Multiplex stream then cannot run more than 64 KB ahead of what this
@@ -252,7 +260,9 @@ class WorkerPool(Generic[StubT]):
                 log.warning("%s worker %s unhealthy: %s", self.tier.value, worker.address, error)
                 worker.healthy = False
             worker.slow = not dead and not worker.healthy
+            self._give_up_if_silent(worker)
             return
+        worker.answered_at, worker.given_up = time.monotonic(), False
         if self._stalled(worker, report):
             return
         if not worker.healthy:
@@ -279,11 +289,32 @@ class WorkerPool(Generic[StubT]):
                 worker.address,
                 report.step_running_seconds,
             )
-            if self.on_stalled is not None:
-                self.on_stalled(worker)
+            self._lose(worker)
         worker.healthy, worker.slow = False, False
         self._update_gauges()
         return True
+
+    def _give_up_if_silent(self, worker: Worker[StubT]) -> None:
+        """A worker that answered once and then nothing for the keepalive window is lost, as
+        keepalive would have found it: once, until it answers again."""
+        answered = worker.answered_at
+        if worker.given_up or answered is None:
+            return
+        silent = time.monotonic() - answered
+        if silent > self._silence_limit:
+            log.warning(
+                "%s worker %s silent for %.1f s (no Load answer): failing its streams over",
+                self.tier.value,
+                worker.address,
+                silent,
+            )
+            worker.given_up = True
+            worker.healthy, worker.slow = False, False
+            self._lose(worker)
+
+    def _lose(self, worker: Worker[StubT]) -> None:
+        if self.on_lost is not None:
+            self.on_lost(worker)
 
     def _close_if_idle(self, worker: Worker[StubT]) -> None:
         if worker.removed and worker.in_flight == 0 and self.workers.get(worker.address) is worker:

@@ -60,6 +60,7 @@ class NetnsUp:
         """`env`: added to this environment for `pdserve up` and every pod it starts; `up_args`:
         `pdserve up` flags beyond the ones every test uses."""
         self.port, self.metrics_port = free_port_bases(2)
+        self.log_dir = log_dir
         command = [
             sys.executable,
             "-m",
@@ -138,6 +139,11 @@ class NetnsUp:
         code = self.process.wait(timeout=120)
         self._reader.join(timeout=5)
         return code
+
+    def router_warnings(self, last: int = 20) -> list[str]:
+        """The router's last warnings (what a failed test shows of why)."""
+        lines = (self.log_dir / "router-0.log").read_text(errors="replace").splitlines()
+        return [line[:300] for line in lines if " WARNING " in line][-last:]
 
     def output(self) -> str:
         return "\n".join(self.lines[-60:])

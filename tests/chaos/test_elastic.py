@@ -299,7 +299,10 @@ def test_a_decode_pod_cut_off_under_load_loses_nothing(cluster: Cluster) -> None
         cut = time.monotonic()
         try:
             while _router_metric(cluster, migrated) <= before:
-                assert time.monotonic() - cut < 60, "the cut-off pod's streams never migrated"
+                assert time.monotonic() - cut < 60, (
+                    "the cut-off pod's streams never migrated",
+                    cluster.up.router_warnings(),
+                )
                 await asyncio.sleep(0.1)
             found_after.append(time.monotonic() - cut)
             await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # the load goes on without it

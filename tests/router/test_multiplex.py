@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from pdserve.client import build_request
+from pdserve.core.serving.keepalive import Keepalive
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RelayMode
 from pdserve.testing.fake_tiers import FIRST_TOKEN_ID, Failure
@@ -172,5 +173,40 @@ def test_a_wedged_decode_engine_fails_its_streams_over(router_stack: Any, relay:
             assert len(tokens) == 8 and other.reserves  # continued on the other worker
             address = stack.tiers.decode_addresses[0]
             assert not stack.registry.decode.workers[address].healthy
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("relay", list(RelayMode), ids=[mode.value for mode in RelayMode])
+def test_a_decode_worker_silent_for_the_keepalive_window_fails_its_streams_over(
+    router_stack: Any, relay: RelayMode
+) -> None:
+    """A pod cut off under load whose connection keepalive has not closed (its pings queued
+    behind writes that never leave) answers no Load: once it has been silent for keepalive's
+    time + timeout, the router gives it up and its streams go on elsewhere, on either relay.
+    The fake answers pings, so only the router's own Load silence can find it."""
+
+    async def body() -> None:
+        keepalive = Keepalive(time_seconds=0.5, timeout_seconds=0.5)
+        async with router_stack(num_decode=2, keepalive=keepalive, relay=relay) as stack:
+            silent, other = stack.tiers.decode
+            silent.knobs.delay_seconds = 0.2  # a token every 0.2 s: still streaming when cut
+            other.knobs.load.num_waiting = 100  # the router starts the stream on the silent one
+            await stack.registry.poll()
+            request = build_request([1], sampling=common_pb2.SamplingParams(max_tokens=8))
+            tokens: list[int] = []
+            async for chunk in stack.client.generate_stream(request, timeout=20):
+                tokens.extend(chunk.token_ids)
+                if len(tokens) == 2:
+                    silent.knobs.load_delay_seconds = 30.0  # past the router's Load timeout
+                    other.knobs.load.num_waiting = 0
+                    for _ in range(2):  # the first poll only finds it late; the next, silent
+                        await stack.registry.poll()
+                        await asyncio.sleep(keepalive.time_seconds + keepalive.timeout_seconds)
+                    await stack.registry.poll()
+            assert tokens[:2] == [FIRST_TOKEN_ID, 1]
+            assert len(tokens) == 8 and other.reserves  # continued on the other worker
+            worker = stack.registry.decode.workers[stack.tiers.decode_addresses[0]]
+            assert worker.given_up and not worker.healthy
 
     asyncio.run(body())
