@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -16,7 +17,7 @@ from pdserve.client import build_request
 from pdserve.core.serving.keepalive import Keepalive
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RelayMode
-from pdserve.testing.fake_tiers import FIRST_TOKEN_ID, Failure
+from pdserve.testing.fake_tiers import FIRST_TOKEN_ID, Failure, FakeDecode
 from pdserve.v1 import common_pb2, decode_pb2
 
 MAX_TOKENS = 12
@@ -155,24 +156,13 @@ def test_a_wedged_decode_engine_fails_its_streams_over(router_stack: Any, relay:
     without repeats, on either relay. Before, they waited for it for ever (the per-request
     relay's until its own fix)."""
 
+    async def wedge(stack: Any, wedged: FakeDecode) -> None:
+        wedged.knobs.load.step_running_seconds = 6.0
+        await stack.registry.poll()
+
     async def body() -> None:
         async with router_stack(num_decode=2, engine_stall_seconds=5.0, relay=relay) as stack:
-            wedged, other = stack.tiers.decode
-            wedged.knobs.delay_seconds = 0.2  # a token every 0.2 s: still streaming when wedged
-            other.knobs.load.num_waiting = 100  # the router starts the stream on the wedged one
-            await stack.registry.poll()
-            request = build_request([1], sampling=common_pb2.SamplingParams(max_tokens=8))
-            tokens: list[int] = []
-            async for chunk in stack.client.generate_stream(request, timeout=20):
-                tokens.extend(chunk.token_ids)
-                if len(tokens) == 2:
-                    wedged.knobs.load.step_running_seconds = 6.0
-                    other.knobs.load.num_waiting = 0
-                    await stack.registry.poll()
-            assert tokens[:2] == [FIRST_TOKEN_ID, 1]
-            assert len(tokens) == 8 and other.reserves  # continued on the other worker
-            address = stack.tiers.decode_addresses[0]
-            assert not stack.registry.decode.workers[address].healthy
+            await _streams_move_when_the_first_worker_is_lost(stack, wedge)
 
     asyncio.run(body())
 
@@ -185,28 +175,40 @@ def test_a_decode_worker_silent_for_the_keepalive_window_fails_its_streams_over(
     behind writes that never leave) answers no Load: once it has been silent for keepalive's
     time + timeout, the router gives it up and its streams go on elsewhere, on either relay.
     The fake answers pings, so only the router's own Load silence can find it."""
+    keepalive = Keepalive(time_seconds=0.5, timeout_seconds=0.5)
+
+    async def silence(stack: Any, silent: FakeDecode) -> None:
+        silent.knobs.load_delay_seconds = 30.0  # past the router's Load timeout
+        for _ in range(2):  # the first poll only finds it late; the next, silent
+            await stack.registry.poll()
+            await asyncio.sleep(keepalive.time_seconds + keepalive.timeout_seconds)
+        await stack.registry.poll()
 
     async def body() -> None:
-        keepalive = Keepalive(time_seconds=0.5, timeout_seconds=0.5)
         async with router_stack(num_decode=2, keepalive=keepalive, relay=relay) as stack:
-            silent, other = stack.tiers.decode
-            silent.knobs.delay_seconds = 0.2  # a token every 0.2 s: still streaming when cut
-            other.knobs.load.num_waiting = 100  # the router starts the stream on the silent one
-            await stack.registry.poll()
-            request = build_request([1], sampling=common_pb2.SamplingParams(max_tokens=8))
-            tokens: list[int] = []
-            async for chunk in stack.client.generate_stream(request, timeout=20):
-                tokens.extend(chunk.token_ids)
-                if len(tokens) == 2:
-                    silent.knobs.load_delay_seconds = 30.0  # past the router's Load timeout
-                    other.knobs.load.num_waiting = 0
-                    for _ in range(2):  # the first poll only finds it late; the next, silent
-                        await stack.registry.poll()
-                        await asyncio.sleep(keepalive.time_seconds + keepalive.timeout_seconds)
-                    await stack.registry.poll()
-            assert tokens[:2] == [FIRST_TOKEN_ID, 1]
-            assert len(tokens) == 8 and other.reserves  # continued on the other worker
+            await _streams_move_when_the_first_worker_is_lost(stack, silence)
             worker = stack.registry.decode.workers[stack.tiers.decode_addresses[0]]
-            assert worker.given_up and not worker.healthy
+            assert worker.given_up
 
     asyncio.run(body())
+
+
+async def _streams_move_when_the_first_worker_is_lost(
+    stack: Any, lose: Callable[[Any, FakeDecode], Awaitable[None]]
+) -> None:
+    """A stream starts on the first decode worker (a token every 0.2 s: still streaming when
+    `lose` runs, after its second token); it ends on the other, without repeats."""
+    first, other = stack.tiers.decode
+    first.knobs.delay_seconds = 0.2
+    other.knobs.load.num_waiting = 100  # the router starts the stream on the first one
+    await stack.registry.poll()
+    request = build_request([1], sampling=common_pb2.SamplingParams(max_tokens=8))
+    tokens: list[int] = []
+    async for chunk in stack.client.generate_stream(request, timeout=20):
+        tokens.extend(chunk.token_ids)
+        if len(tokens) == 2:
+            other.knobs.load.num_waiting = 0
+            await lose(stack, first)
+    assert tokens[:2] == [FIRST_TOKEN_ID, 1]
+    assert len(tokens) == 8 and other.reserves  # continued on the other worker
+    assert not stack.registry.decode.workers[stack.tiers.decode_addresses[0]].healthy
