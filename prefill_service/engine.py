@@ -108,6 +108,18 @@ class PrefillEngine(LLMEngine):
         self._jobs[request_id] = job
         return job.outcome
 
+    def redirect(self, request_id: str, destination: TransferDescriptor) -> bool:
+        """Points a queued prompt's KV at another reservation (engine thread): whether it now
+        goes there. Too late once its transfer has opened (the step that completes the prompt):
+        the first destination then gets it. The prompt keeps its place and what it computed."""
+        job = self._jobs.get(request_id)
+        if job is None or job.sending is not None or job.failed is not None:
+            return False
+        check_layout(self.layout, destination.layout)
+        self._check_blocks(self.requests[request_id].num_tokens, destination)
+        job.destination = destination
+        return True
+
     def _check_blocks(self, num_tokens: int, destination: TransferDescriptor) -> None:
         """Decode holds the first `num_cached_blocks` blocks and needs none of the
         `num_slid_blocks` before its window (this model's: the blocks this engine keeps);

@@ -21,6 +21,12 @@ TRANSFER_TIME = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 PROMPT_TOKENS = Counter("pdserve_prefill_prompt_tokens_total", "Prompt tokens prefilled")
+REDIRECTS = Counter(
+    "pdserve_prefill_redirects",
+    "Prefill.Redirect calls by outcome: redirected (the queued prompt's KV goes to the new "
+    "reservation) or too_late (its KV had begun to leave for the first)",
+    ["outcome"],
+)
 
 
 def register_engine_gauges(engine: PrefillEngine) -> None:

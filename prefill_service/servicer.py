@@ -8,7 +8,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from pdserve.core.serving.grpc_errors import grpc_errors
-from pdserve.core.serving.proto_convert import descriptor_from_proto, load_to_proto
+from pdserve.core.serving.proto_convert import descriptor_from_proto
 from pdserve.core.serving.tier_runtime import TierRuntime
 from pdserve.core.serving.work_request import work_from_proto
 from pdserve.prefill_service import metrics
@@ -60,10 +60,22 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 ),
             )
 
+    async def Redirect(
+        self, request: prefill_pb2.RedirectRequest, context: Context
+    ) -> prefill_pb2.RedirectResult:
+        """Taken while draining too: it moves work already accepted, adds none."""
+        async with grpc_errors(context):
+            destination = descriptor_from_proto(request.destination)
+            engine = self.runtime.engine(PrefillEngine)
+            redirected = await self.runtime.call(
+                lambda: engine.redirect(request.request_id, destination)
+            )
+            metrics.REDIRECTS.labels("redirected" if redirected else "too_late").inc()
+            return prefill_pb2.RedirectResult(redirected=redirected)
+
     async def Load(
         self, request: common_pb2.LoadRequest, context: Context
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
-            engine = self.runtime.engine(PrefillEngine)
-            loop = self.runtime.engine_loop()
-            return load_to_proto(engine.load(), loop.steps.windows, loop.step_running_seconds())
+            self.runtime.engine(PrefillEngine)
+            return self.runtime.load_reply()

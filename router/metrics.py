@@ -68,6 +68,13 @@ IN_FLIGHT = Gauge(
     "pdserve_router_requests_in_flight",
     "Streams in flight in the router (a call of n samples counts n), against --max-queue",
 )
+REDIRECTS = Counter(
+    "pdserve_router_redirects",
+    "Prompts still queued for prefill whose decode worker left (drained): redirected to another "
+    "decode worker's reservation; too_late (their KV had begun to leave, or the new Reserve or the "
+    "Redirect failed: the leaving worker takes it); no_other_worker",
+    ["outcome"],
+)
 RETRIES = Counter(
     "pdserve_router_retries",
     "Reserve + Prefill attempts retried after a worker failure, by the tier that failed",

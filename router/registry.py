@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import grpc
@@ -76,6 +76,9 @@ class Worker(Generic[StubT]):
     # Unhealthy only because its Load answers came late (a busy worker, not a dead one).
     slow: bool = False
     removed: bool = False
+    # Set while it leaves (out of the targets, or its Load says it drains): it is not picked,
+    # and prefills still queued for its reservations move elsewhere (remote_prefill.py).
+    leaving: asyncio.Event = field(default_factory=asyncio.Event)
     answered_at: float | None = None  # time.monotonic() of its last Load answer
     given_up: bool = False  # its streams were failed over; until it answers again
     # Prompts (and their tokens) the router sent it to prefill since its last load report.
@@ -156,13 +159,17 @@ class WorkerPool(Generic[StubT]):
                 self.prefix_map.forget(address)  # a new process behind a known address
             log.info("%s worker added: %s", self.tier.value, address)
         for address in wanted & self.workers.keys():
-            if self.workers[address].removed:  # back in DNS before its last call ended
-                self.workers[address].removed = False
+            worker = self.workers[address]
+            if worker.removed:  # back in DNS before its last call ended
+                worker.removed = False
+                if not (worker.report and worker.report.draining):
+                    worker.leaving.clear()
                 log.info("%s worker back: %s", self.tier.value, address)
         for address in self.workers.keys() - wanted:
             worker = self.workers[address]
             if not worker.removed:
                 worker.removed = True
+                worker.leaving.set()
                 log.info("%s worker removed: %s", self.tier.value, address)
             self._close_if_idle(worker)
         self._update_gauges()
@@ -177,7 +184,7 @@ class WorkerPool(Generic[StubT]):
         live = [
             w
             for w in self.workers.values()
-            if not w.removed and not (own and w.address in self.borrowed)
+            if not (w.removed or w.leaving.is_set()) and not (own and w.address in self.borrowed)
         ]
         # Only slow ones left: a busy worker serves late, which beats refusing the request.
         usable = [w for w in live if w.healthy] or [w for w in live if w.slow]
@@ -233,7 +240,7 @@ class WorkerPool(Generic[StubT]):
         """Whether a healthy worker not in `tried` is left (`own`: of the tier's own, as
         `pick(own=True)` would choose from)."""
         return any(
-            w.healthy and not w.removed and w.address not in tried
+            w.healthy and not (w.removed or w.leaving.is_set()) and w.address not in tried
             for w in self.workers.values()
             if not (own and w.address in self.borrowed)
         )
@@ -263,6 +270,7 @@ class WorkerPool(Generic[StubT]):
             self._give_up_if_silent(worker)
             return
         worker.answered_at, worker.given_up = time.monotonic(), False
+        _note_draining(worker, report)
         if self._stalled(worker, report):
             return
         if not worker.healthy:
@@ -336,6 +344,14 @@ class WorkerPool(Generic[StubT]):
             await worker.channel.close()
         self.workers.clear()
         await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _note_draining(worker: Worker[StubT], report: common_pb2.LoadResponse) -> None:
+    if report.draining and not worker.leaving.is_set():
+        log.info("worker %s drains", worker.address)
+        worker.leaving.set()
+    elif not report.draining and not worker.removed:
+        worker.leaving.clear()
 
 
 def _prefill_stub(channel: grpc.aio.Channel) -> PrefillAsyncStub:

@@ -8,7 +8,15 @@
                      │                                        prefill worker stays healthy)
     hand-off: the prompt KV is in the decode worker's reserved blocks
 
-Every call gets the time left before the client's deadline as its timeout. A failure or cancel
+    decode worker leaves (drains) while the prompt waits in the prefill queue
+        -> Reserve on another, Prefill.Redirect there, Abort the first reservation
+           (the prompt keeps its place in the queue; too late once its KV began to leave:
+           the leaving worker then takes it and moves the stream live)
+
+Without the redirect, scaling decode in under load lost requests: the worker that left held
+reservations whose prompts waited longer in the prefill queue than its drain grace, and then
+went (9 lost in the first `bench autoscale` run at half-core pods). Every call gets the time
+left before the client's deadline as its timeout. A failure or cancel
 after Reserve aborts the reservation in the background (`Aborts`), and so does a Reserve cut short
 on its way (cancelled, expired, its connection broken): decode may have granted it with the
 answer in flight.
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,6 +62,14 @@ class RetryableError(Exception):
         super().__init__(f"{tier.value}: {cause.code().name}: {cause.details()}")
         self.tier = tier
         self.cause = cause
+
+
+@dataclass
+class Destination:
+    """Where a prompt's KV goes: a decode worker's reservation, until a redirect moves it."""
+
+    decode: Worker[DecodeAsyncStub]
+    descriptor: common_pb2.TransferDescriptor
 
 
 @dataclass(frozen=True)
@@ -120,23 +136,27 @@ class RemotePrefill:
         )
         tried_decode.add(decode.address)
         pool.acquire(decode)
+        destination: Destination | None = None
         handed_off = False
         try:
             descriptor = await self._reserve(decode, request, deadline, tried_decode)
             self.block_size = descriptor.layout.block_size or self.block_size
+            destination = Destination(decode, descriptor)
             try:
                 prefill = None if chosen is None else chosen[1]
                 result = await self._prefill(
-                    request, descriptor, deadline, clock, tried_prefill, prefill, decode
+                    request, destination, deadline, clock, tried_prefill, prefill, tried_decode
                 )
             except BaseException:
-                self.aborts.later(decode, request.request_id)
+                self.aborts.later(destination.decode, request.request_id)
                 raise
             handed_off = True
-            return Handoff(decode, descriptor.transfer_token, result.first_token_id)
+            return Handoff(
+                destination.decode, destination.descriptor.transfer_token, result.first_token_id
+            )
         finally:
             if not handed_off:
-                pool.release(decode)
+                pool.release(decode if destination is None else destination.decode)
 
     async def _reserve(
         self,
@@ -168,24 +188,28 @@ class RemotePrefill:
     async def _prefill(
         self,
         request: ValidatedRequest,
-        destination: common_pb2.TransferDescriptor,
+        destination: Destination,
         deadline: Deadline,
         clock: RequestClock,
         tried: set[str],
         chosen: Worker[PrefillAsyncStub] | None,
-        decode: Worker[DecodeAsyncStub],
+        tried_decode: set[str],
     ) -> prefill_pb2.PrefillResult:
         pool = self.registry.prefill
         worker = chosen or pool.pick(avoid=tried, prompt=request.prompt_token_ids)
         tried.add(worker.address)
-        message = prefill_pb2.PrefillRequest(request=request.to_work(), destination=destination)
+        message = prefill_pb2.PrefillRequest(
+            request=request.to_work(), destination=destination.descriptor
+        )
         pool.acquire(worker)
         try:
             clock.on_prefill_sent()
-            result: prefill_pb2.PrefillResult = await worker.stub.Prefill(
-                message, timeout=deadline.remaining()
+            call = worker.stub.Prefill(message, timeout=deadline.remaining())
+            result = await self._following(
+                call, worker, destination, request, deadline, tried_decode
             )
         except grpc.aio.AioRpcError as error:
+            decode = destination.decode
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 if await self._is_gone(decode):  # the KV had nowhere to go: not prefill's fault
                     self.registry.decode.mark_unhealthy(decode)
@@ -198,6 +222,75 @@ class RemotePrefill:
             pool.release(worker)
         clock.on_prefill_done(result.timings)
         return result
+
+    async def _following(
+        self,
+        call: Awaitable[prefill_pb2.PrefillResult],
+        prefill: Worker[PrefillAsyncStub],
+        destination: Destination,
+        request: ValidatedRequest,
+        deadline: Deadline,
+        tried_decode: set[str],
+    ) -> prefill_pb2.PrefillResult:
+        """The Prefill call's result; meanwhile, if its decode worker leaves, the prompt's KV
+        is redirected to another decode worker's reservation (once per leaving worker)."""
+        running = asyncio.ensure_future(call)
+        try:
+            while True:
+                leaving = asyncio.ensure_future(destination.decode.leaving.wait())
+                try:
+                    await asyncio.wait({running, leaving}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    leaving.cancel()
+                if running.done():
+                    return running.result()
+                moved = await self._redirect(prefill, destination, request, deadline, tried_decode)
+                if not moved:
+                    return await running
+        finally:
+            running.cancel()  # a no-op once done; else the caller gave up: so does the call
+
+    async def _redirect(
+        self,
+        prefill: Worker[PrefillAsyncStub],
+        destination: Destination,
+        request: ValidatedRequest,
+        deadline: Deadline,
+        tried_decode: set[str],
+    ) -> bool:
+        """Reserves on another decode worker and points the queued prompt's KV there; the
+        first reservation is aborted. False, with nothing changed, if no other worker takes it
+        or the prompt's KV has begun to leave already."""
+        pool = self.registry.decode
+        leaving = destination.decode
+        if not pool.has_untried(tried_decode, own=True):
+            metrics.REDIRECTS.labels("no_other_worker").inc()
+            return False
+        target = pool.pick(avoid=tried_decode, prompt=request.prompt_token_ids, own=True)
+        tried_decode.add(target.address)
+        pool.acquire(target)
+        moved = False
+        try:
+            descriptor = await self._reserve(target, request, deadline, tried_decode)
+            answer = await prefill.stub.Redirect(
+                prefill_pb2.RedirectRequest(request_id=request.request_id, destination=descriptor),
+                timeout=deadline.remaining(),
+            )
+            moved = answer.redirected
+        except (RetryableError, grpc.aio.AioRpcError) as failure:
+            log.warning(
+                "request %s: no redirect off %s: %s", request.log_name, leaving.address, failure
+            )
+        finally:
+            if not moved:
+                self.aborts.later(target, request.request_id)
+                pool.release(target)
+        metrics.REDIRECTS.labels("redirected" if moved else "too_late").inc()
+        if moved:
+            self.aborts.later(leaving, request.request_id)
+            pool.release(leaving)
+            destination.decode, destination.descriptor = target, descriptor
+        return moved
 
     async def _is_gone(self, decode: Worker[DecodeAsyncStub]) -> bool:
         """Whether the decode worker a Prefill was sending KV to refuses a Load now (a dead

@@ -80,10 +80,14 @@ def descriptor_from_proto(message: common_pb2.TransferDescriptor) -> TransferDes
 
 
 def load_to_proto(
-    load: EngineLoad, step_windows: Iterable[StepWindow], step_running_seconds: float
+    load: EngineLoad,
+    step_windows: Iterable[StepWindow],
+    step_running_seconds: float,
+    draining: bool,
 ) -> common_pb2.LoadResponse:
     """A worker's `Load` answer (both tiers answer the same way)."""
     return common_pb2.LoadResponse(
+        draining=draining,
         step_windows=step_windows_to_proto(step_windows),
         step_running_seconds=step_running_seconds,
         num_waiting=load.num_waiting,

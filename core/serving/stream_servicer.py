@@ -20,7 +20,7 @@ from pdserve.core.errors import RequestSuspended
 from pdserve.core.serving import stream_metrics as metrics
 from pdserve.core.serving.grpc_errors import grpc_errors
 from pdserve.core.serving.multiplex import MultiplexStream
-from pdserve.core.serving.proto_convert import finish_reason_to_proto, load_to_proto
+from pdserve.core.serving.proto_convert import finish_reason_to_proto
 from pdserve.core.serving.request_start import (
     RequestStart,
     StartTransferred,
@@ -142,9 +142,8 @@ class StreamServicer(decode_pb2_grpc.DecodeServicer):
         self, request: common_pb2.LoadRequest, context: Context
     ) -> common_pb2.LoadResponse:
         async with grpc_errors(context):
-            engine = self.runtime.engine(LLMEngine)
-            loop = self.runtime.engine_loop()
-            return load_to_proto(engine.load(), loop.steps.windows, loop.step_running_seconds())
+            self.runtime.engine(LLMEngine)
+            return self.runtime.load_reply()
 
 
 async def _needs_a_decode_worker(call: str, context: Context) -> NoReturn:

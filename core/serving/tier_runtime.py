@@ -25,8 +25,10 @@ from pdserve.core.serving.cli_config import (
     server_config_from_args,
 )
 from pdserve.core.serving.engine_loop import EngineLoop
+from pdserve.core.serving.proto_convert import load_to_proto
 from pdserve.core.serving.server import ServiceHost
 from pdserve.core.structured.params import StructuredOutputsParams
+from pdserve.v1 import common_pb2
 
 T = TypeVar("T")
 EXIT_WATCHDOG_S = 10.0  # from the server's stop to the process's end
@@ -58,6 +60,16 @@ class TierRuntime:
         """New work (not the rest of work already accepted) is refused while draining."""
         if self.host.draining:
             raise DrainingError("this worker is draining; retry on another")
+
+    def load_reply(self) -> common_pb2.LoadResponse:
+        """This worker's `Load` answer (both tiers answer the same way)."""
+        loop = self.engine_loop()
+        return load_to_proto(
+            loop.engine.load(),
+            loop.steps.windows,
+            loop.step_running_seconds(),
+            self.host.draining,
+        )
 
     def is_idle(self) -> bool:
         loop = self.loop

@@ -59,6 +59,8 @@ class Knobs:
     # Decode.Migrate (pushing a suspended request's KV) fails with this, after `migrate_seconds`.
     migrate_failure: Failure | None = None
     migrate_seconds: float = 0.0
+    # Prefill.Redirect answers that the prompt's KV has begun to leave for its first destination.
+    redirect_too_late: bool = False
 
 
 # unused-ignore: the ignore is needed only while mypy cannot resolve pdserve.v1 (then Any).
@@ -68,6 +70,7 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):  # type: ignore[misc, unuse
         self.calls: list[prefill_pb2.PrefillRequest] = []
         self.cancelled: list[str] = []
         self.time_remaining: list[float | None] = []  # each call's deadline, as received
+        self.redirects: list[prefill_pb2.RedirectRequest] = []
 
     async def Prefill(
         self, request: prefill_pb2.PrefillRequest, context: Context
@@ -82,6 +85,12 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):  # type: ignore[misc, unuse
                 queue_seconds=0.001, prefill_seconds=0.002, transfer_seconds=0.003
             ),
         )
+
+    async def Redirect(
+        self, request: prefill_pb2.RedirectRequest, context: Context
+    ) -> prefill_pb2.RedirectResult:
+        self.redirects.append(request)
+        return prefill_pb2.RedirectResult(redirected=not self.knobs.redirect_too_late)
 
     async def Load(
         self, request: common_pb2.LoadRequest, context: Context

@@ -1,6 +1,7 @@
 """Live migration between two decode engines (in-process transfer): a suspended request's KV
 moves to another decode worker, which continues it from the exact next token: the same tokens
-(greedy and seeded) and the same text as the undisturbed run, no block left held anywhere.
+(greedy and seeded) and the same text as the undisturbed run, no block left held anywhere. And
+the move that comes before it: a prompt still queued for prefill redirected to another worker.
 
 The real-process version (router, UCX, SIGTERM) is tests/chaos/test_live_migration.py.
 """
@@ -249,6 +250,34 @@ def test_a_live_reservation_leaves_room_for_a_token(
     params = SamplingParams(max_tokens=4, temperature=0.0)
     with pytest.raises(InvalidRequestError, match="resumed_output_token_ids"):
         workers.target.reserve("full", prompts[3], params, [1, 2, 3], True)
+
+
+def test_a_queued_prompt_redirected_to_another_decode_worker_continues_there(
+    workers: Workers, prompts: list[list[int]]
+) -> None:
+    """Prefill.Redirect at the engine: a prompt queued for a decode worker that leaves is
+    pointed at another worker's reservation; its KV lands there and decodes as undisturbed.
+    Once prefilled it is no longer here to redirect; a destination that does not fit the prompt
+    is refused naming the field."""
+    prompt = prompts[3]
+    undisturbed = workers.start("not-redirected", prompt, GREEDY)
+    _drive(workers.source, undisturbed)
+    request_id = "redirected"
+    first = workers.source.reserve(request_id, prompt, GREEDY).result(timeout=0)
+    outcome = workers.prefill.submit(request_id, prompt, GREEDY, first)
+    with pytest.raises(InvalidRequestError, match=r"destination\.block_ids"):
+        workers.prefill.redirect(request_id, _any_destination(workers))
+    second = workers.target.reserve(request_id, prompt, GREEDY).result(timeout=0)
+    assert workers.prefill.redirect(request_id, second)
+    workers.source.abort(request_id)  # the router gives the first reservation back
+    while not outcome.done():
+        workers.prefill.step()
+    assert not workers.prefill.redirect(request_id, second)
+    workers.target.start(request_id, second.token, outcome.result().first_token_id)
+    after = Stream()
+    _drive(workers.target, after)
+    assert after.tokens == undisturbed.tokens and after.text == undisturbed.text
+    assert workers.all_free()
 
 
 def _any_destination(workers: Workers) -> TransferDescriptor:

@@ -37,7 +37,8 @@ def workers(cluster: Cluster) -> list[Process]:
 
 
 def all_blocks_free(cluster: Cluster) -> bool:
-    for process in workers(cluster):
+    """On every worker still running (one that exited holds nothing)."""
+    for process in _running(cluster):
         reply = load(process)
         if (
             reply.num_free_blocks != reply.num_total_blocks
@@ -53,9 +54,13 @@ def wait_all_blocks_free(cluster: Cluster, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not all_blocks_free(cluster):
         if time.monotonic() > deadline:
-            states = {f"{p.role}-{p.index}": load(p) for p in workers(cluster)}
+            states = {f"{p.role}-{p.index}": load(p) for p in _running(cluster)}
             raise AssertionError(f"blocks still held after {timeout_s}s: {states}")
         time.sleep(0.1)
+
+
+def _running(cluster: Cluster) -> list[Process]:
+    return [process for process in workers(cluster) if process.popen.poll() is None]
 
 
 def metric(process: Process, name: str) -> float:

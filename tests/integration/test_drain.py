@@ -1,21 +1,23 @@
 """SIGTERM on a worker: it refuses new work, finishes what it has in flight (a decode stream, a
-prefill tier's prompts), then exits cleanly."""
+prefill tier's prompts), then exits cleanly; a draining decode worker's reservations whose
+prompts still wait in the prefill queue move to another decode worker instead of holding it."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.local.cluster import Process
+from pdserve.local.cluster import Cluster, Process
 from pdserve.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 
-from .conftest import start_cluster
-from .helpers import greedy_outputs, load
+from .conftest import WORKER_ARGS, start_cluster
+from .helpers import greedy_outputs, labelled_metric, load, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
@@ -81,16 +83,8 @@ def test_a_draining_prefill_worker_finishes_its_prefills(
     work = [prompts[4 + i % 4][i:] for i in range(PREFILL_REQUESTS)]  # 63..500 tokens, distinct
     try:
         undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens=8))
-
-        async def through_a_drain() -> list[list[int]]:
-            outputs = asyncio.ensure_future(greedy_outputs(cluster, work, max_tokens=8))
-            while not await asyncio.to_thread(_has_prompts, draining) and not outputs.done():
-                await asyncio.sleep(0.005)
-            assert not outputs.done(), "prefill-0 never had a prompt in flight"
-            draining.popen.send_signal(signal.SIGTERM)
-            return await outputs
-
-        assert asyncio.run(through_a_drain()) == undisturbed
+        through_a_drain = _through_a_sigterm(cluster, work, 8, draining, _has_prompts)
+        assert asyncio.run(through_a_drain) == undisturbed
         assert draining.popen.wait(timeout=30) == 0
         log = (logs / "prefill-0.log").read_text()
         assert "(idle: True)" in log  # it finished its prompts; the grace did not cut them
@@ -98,6 +92,67 @@ def test_a_draining_prefill_worker_finishes_its_prefills(
         cluster.stop()
 
 
+async def _through_a_sigterm(
+    cluster: Cluster,
+    work: list[list[int]],
+    max_tokens: int,
+    process: Process,
+    ready: Callable[[Process], bool],
+) -> list[list[int]]:
+    """Greedy outputs of `work` sent at once, `process` given SIGTERM once `ready(process)`."""
+    outputs = asyncio.ensure_future(greedy_outputs(cluster, work, max_tokens))
+    while not await asyncio.to_thread(ready, process):
+        assert not outputs.done(), f"{process.role}-{process.index}: never {ready.__name__}"
+        await asyncio.sleep(0.005)
+    process.popen.send_signal(signal.SIGTERM)
+    return await outputs
+
+
 def _has_prompts(process: Process) -> bool:
     reply = load(process)
     return bool(reply.num_waiting or reply.num_running)
+
+
+def _has_reservations(process: Process) -> bool:
+    """Two or more waiting for their KV (decode counts reservations as waiting)."""
+    return load(process).num_waiting >= 2
+
+
+# One prompt at a time on the prefill worker, 32 tokens a step: a queue of seconds.
+SLOW_PREFILL = ("--max-num-seqs", "1", "--max-num-batched-tokens", "32")
+QUEUED_REQUESTS = 12
+
+
+def test_prompts_queued_for_a_draining_decode_worker_follow_their_reservations(
+    model_dir: Path, tmp_path: Path, prompts: list[list[int]]
+) -> None:
+    """decode-0 gets SIGTERM while prompts reserved on it still wait in the prefill queue: the
+    router reserves them on decode-1 and redirects their prefills there (Prefill.Redirect).
+    Every request ends with its undisturbed greedy output, decode-0 exits 0 once idle, and no
+    block stays held. Before, decode-0 waited for those prompts until its grace ran out, and a
+    queue longer than the grace lost them. No prefix cache: the second run computes as much."""
+    logs = tmp_path / "logs"
+    cluster = start_cluster(
+        model_dir,
+        logs,
+        num_prefill=1,
+        num_decode=2,
+        worker_args=(*WORKER_ARGS, "--no-prefix-cache"),
+        prefill_args=SLOW_PREFILL,
+        drain_grace_seconds=60.0,
+    )
+    leaving = cluster.decode[0]
+    work = [prompts[4 + i % 4][i:] for i in range(QUEUED_REQUESTS)]  # 52..500 tokens, distinct
+    try:
+        undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens=4))
+        through_a_drain = _through_a_sigterm(cluster, work, 4, leaving, _has_reservations)
+        assert asyncio.run(through_a_drain) == undisturbed
+        redirected = labelled_metric(
+            cluster.router, "pdserve_router_redirects_total", outcome="redirected"
+        )
+        assert redirected >= 1
+        assert leaving.popen.wait(timeout=30) == 0
+        assert "(idle: True)" in (logs / "decode-0.log").read_text()
+        wait_all_blocks_free(cluster)
+    finally:
+        cluster.stop()

@@ -101,7 +101,7 @@ def test_files_package_and_enum_prefixes(descriptor_set: descriptor_pb2.FileDesc
     ("service", "methods"),
     [
         ("Generation", {"Generate": False, "GenerateStream": True, "Info": False}),
-        ("Prefill", {"Prefill": False, "Load": False}),
+        ("Prefill", {"Prefill": False, "Redirect": False, "Load": False}),
         (
             "Decode",
             {
