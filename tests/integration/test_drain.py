@@ -82,14 +82,27 @@ def test_a_draining_prefill_worker_finishes_its_prefills(
     draining = cluster.prefill[0]
     work = [prompts[4 + i % 4][i:] for i in range(PREFILL_REQUESTS)]  # 63..500 tokens, distinct
     try:
-        undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens=8))
-        through_a_drain = _through_a_sigterm(cluster, work, 8, draining, _has_prompts)
-        assert asyncio.run(through_a_drain) == undisturbed
-        assert draining.popen.wait(timeout=30) == 0
-        log = (logs / "prefill-0.log").read_text()
-        assert "(idle: True)" in log  # it finished its prompts; the grace did not cut them
+        # It finished its prompts: the grace did not cut them.
+        _drains_as_undisturbed(cluster, work, 8, draining, _has_prompts)
     finally:
         cluster.stop()
+
+
+def _drains_as_undisturbed(
+    cluster: Cluster,
+    work: list[list[int]],
+    max_tokens: int,
+    process: Process,
+    ready: Callable[[Process], bool],
+) -> None:
+    """`work`'s greedy outputs through a SIGTERM of `process` equal those without; the process
+    exits 0 once idle, before its grace ran out."""
+    undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens))
+    assert asyncio.run(_through_a_sigterm(cluster, work, max_tokens, process, ready)) == undisturbed
+    assert process.popen.wait(timeout=30) == 0
+    assert cluster.log_dir is not None
+    log = (cluster.log_dir / f"{process.role}-{process.index}.log").read_text()
+    assert "(idle: True)" in log
 
 
 async def _through_a_sigterm(
@@ -144,15 +157,11 @@ def test_prompts_queued_for_a_draining_decode_worker_follow_their_reservations(
     leaving = cluster.decode[0]
     work = [prompts[4 + i % 4][i:] for i in range(QUEUED_REQUESTS)]  # 52..500 tokens, distinct
     try:
-        undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens=4))
-        through_a_drain = _through_a_sigterm(cluster, work, 4, leaving, _has_reservations)
-        assert asyncio.run(through_a_drain) == undisturbed
+        _drains_as_undisturbed(cluster, work, 4, leaving, _has_reservations)
         redirected = labelled_metric(
             cluster.router, "pdserve_router_redirects_total", outcome="redirected"
         )
         assert redirected >= 1
-        assert leaving.popen.wait(timeout=30) == 0
-        assert "(idle: True)" in (logs / "decode-0.log").read_text()
         wait_all_blocks_free(cluster)
     finally:
         cluster.stop()
