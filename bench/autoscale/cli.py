@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pods", type=int, default=MAX_PODS, help="the autoscaler's")
     parser.add_argument("--seed", type=int, default=0, help="of the requests (every arm's)")
     parser.add_argument(
-        "--log-dir", type=Path, default=None, help="each arm's logs and autoscaler lines"
+        "--log-dir", type=Path, default=None, help="each arm's logs, autoscaler lines, requests"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -178,6 +178,9 @@ def _run_arm(
             autoscaler = Autoscaler(router, _autoscale_flags(args, profile))
         sampler = Sampler(router)
         windows, results = _serve_phases(router, phases, plans)
+        # The deployment runs to the last phase's end, however early its requests are done (a
+        # quiet phase's few): that is where the autoscaler has to scale down.
+        time.sleep(max(0.0, windows[-1].end - time.monotonic()))
         time.sleep(2 * args.interval_seconds if autoscaler else 0)  # its last decisions land
         samples = sampler.stop()
     finally:
@@ -186,11 +189,40 @@ def _run_arm(
     if log_dir is not None and scaled:  # what it decided, each line stamped on the arm's clock
         lines = (json.dumps({"at": r.at - windows[0].start, **r.row}) for r in scaled)
         (log_dir / "autoscale.jsonl").write_text("".join(line + "\n" for line in lines))
+    if log_dir is not None:
+        _write_requests(log_dir / "requests.jsonl", phases, plans, results, args.slo_tpot)
     _report_lost(arm, results)
     return [
         _row(arm, window, plan, found, samples, scaled, args.slo_tpot)
         for window, plan, found in zip(windows, plans, results, strict=True)
     ]
+
+
+def _write_requests(
+    path: Path,
+    phases: Sequence[Phase],
+    plans: Sequence[tuple[PlannedRequest, ...]],
+    results: Sequence[tuple[CallResult, ...]],
+    tpot_slo_s: float,
+) -> None:
+    """One line per request: its phase, class and lengths, what it got, whether it met its SLOs
+    (what a phase's attainment is made of)."""
+    lines = []
+    for phase, plan, found in zip(phases, plans, results, strict=True):
+        for planned, got in zip(plan, outcomes(plan, found, tpot_slo_s), strict=True):
+            record = {
+                "phase": phase.name,
+                "class": planned.class_name,
+                "prompt_tokens": len(planned.prompt),
+                "max_tokens": planned.max_tokens,
+                "ttft_slo_s": planned.ttft_slo_s,
+                "ttft_s": got.ttft_s,
+                "tpot_s": got.tpot_s,
+                "completed": got.completed,
+                "meets_slo": got.meets_slo,
+            }
+            lines.append(json.dumps(record) + "\n")
+    path.write_text("".join(lines))
 
 
 def _report_lost(arm: str, results: Sequence[tuple[CallResult, ...]]) -> None:

@@ -82,23 +82,24 @@ def test_a_draining_prefill_worker_finishes_its_prefills(
     draining = cluster.prefill[0]
     work = [prompts[4 + i % 4][i:] for i in range(PREFILL_REQUESTS)]  # 63..500 tokens, distinct
     try:
+        undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens=8))
         # It finished its prompts: the grace did not cut them.
-        _drains_as_undisturbed(cluster, work, 8, draining, _has_prompts)
+        _drains_with_outputs(cluster, work, undisturbed, draining, _has_prompts)
     finally:
         cluster.stop()
 
 
-def _drains_as_undisturbed(
+def _drains_with_outputs(
     cluster: Cluster,
     work: list[list[int]],
-    max_tokens: int,
+    expected: list[list[int]],
     process: Process,
     ready: Callable[[Process], bool],
 ) -> None:
-    """`work`'s greedy outputs through a SIGTERM of `process` equal those without; the process
-    exits 0 once idle, before its grace ran out."""
-    undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens))
-    assert asyncio.run(_through_a_sigterm(cluster, work, max_tokens, process, ready)) == undisturbed
+    """`work`'s greedy outputs through a SIGTERM of `process` are `expected`; the process exits
+    0 once idle, before its grace ran out."""
+    max_tokens = len(expected[0])
+    assert asyncio.run(_through_a_sigterm(cluster, work, max_tokens, process, ready)) == expected
     assert process.popen.wait(timeout=30) == 0
     assert cluster.log_dir is not None
     log = (cluster.log_dir / f"{process.role}-{process.index}.log").read_text()
@@ -134,16 +135,18 @@ def _has_reservations(process: Process) -> bool:
 # One prompt at a time on the prefill worker, 32 tokens a step: a queue of seconds.
 SLOW_PREFILL = ("--max-num-seqs", "1", "--max-num-batched-tokens", "32")
 QUEUED_REQUESTS = 12
+MAX_TOKENS = 4
 
 
 def test_prompts_queued_for_a_draining_decode_worker_follow_their_reservations(
-    model_dir: Path, tmp_path: Path, prompts: list[list[int]]
+    model_dir: Path, tmp_path: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
     """decode-0 gets SIGTERM while prompts reserved on it still wait in the prefill queue: the
     router reserves them on decode-1 and redirects their prefills there (Prefill.Redirect).
-    Every request ends with its undisturbed greedy output, decode-0 exits 0 once idle, and no
+    Every request ends with transformers' greedy output, decode-0 exits 0 once idle, and no
     block stays held. Before, decode-0 waited for those prompts until its grace ran out, and a
-    queue longer than the grace lost them. No prefix cache: the second run computes as much."""
+    queue longer than the grace lost them. No prefix cache: every repeat of a prompt is
+    prefilled whole, so the prefill queue is seconds long."""
     logs = tmp_path / "logs"
     cluster = start_cluster(
         model_dir,
@@ -155,9 +158,11 @@ def test_prompts_queued_for_a_draining_decode_worker_follow_their_reservations(
         drain_grace_seconds=60.0,
     )
     leaving = cluster.decode[0]
-    work = [prompts[4 + i % 4][i:] for i in range(QUEUED_REQUESTS)]  # 52..500 tokens, distinct
+    indices = [4 + i % 4 for i in range(QUEUED_REQUESTS)]  # 63..500 tokens
+    work = [prompts[index] for index in indices]
     try:
-        _drains_as_undisturbed(cluster, work, 4, leaving, _has_reservations)
+        expected = [hf_greedy[index][:MAX_TOKENS] for index in indices]
+        _drains_with_outputs(cluster, work, expected, leaving, _has_reservations)
         redirected = labelled_metric(
             cluster.router, "pdserve_router_redirects_total", outcome="redirected"
         )
