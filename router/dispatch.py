@@ -317,6 +317,7 @@ class Dispatcher:
         try:
             call = start()
             async for delta in call:
+                decode.heard_from()  # a busy worker late to answer Load is not a silent one
                 if delta.suspended:
                     suspended = True
                     raise StreamSuspended(decode)

@@ -3,13 +3,14 @@
 A worker enters from the flags or a DNS answer and answers `Load` every
 --load-poll-interval-seconds; one that fails a poll is unhealthy (not picked) until it answers
 again, except that a worker unhealthy only for answering late (busy, not dead) is still picked
-when no healthy one is left. A worker whose Load calls have gone unanswered for as long as
-keepalive gives a vanished peer (--keepalive-seconds + --keepalive-timeout-seconds) is given up:
-its streams fail over (`on_lost`). Keepalive alone does not always find such a worker: a pod cut
-off under load once held its streams for over a minute (gRPC core can queue its pings behind
-writes that never leave; grpc/grpc issue 14717). A worker that leaves the DNS answer is no
-longer picked and its channel is closed once its in-flight calls have ended, so a scale-down
-never cuts a running request.
+when no healthy one is left. A worker from which nothing has come (no Load answer in time, no
+stream delta) for as long as keepalive gives a vanished peer (--keepalive-seconds +
+--keepalive-timeout-seconds) is given up: its streams fail over (`on_lost`). Keepalive alone does
+not always find such a worker: a pod cut off under load once held its streams for over a minute
+(gRPC core can queue its pings behind writes that never leave; grpc/grpc issue 14717). A worker
+that leaves the DNS answer, or whose Load says it drains, is no longer picked (`leaving`); its
+channel is closed once its in-flight calls have ended, so a scale-down never cuts a running
+request.
 """
 
 from __future__ import annotations
@@ -79,11 +80,25 @@ class Worker(Generic[StubT]):
     # Set while it leaves (out of the targets, or its Load says it drains): it is not picked,
     # and prefills still queued for its reservations move elsewhere (remote_prefill.py).
     leaving: asyncio.Event = field(default_factory=asyncio.Event)
-    answered_at: float | None = None  # time.monotonic() of its last Load answer
+    answered_at: float | None = None  # time.monotonic() it was last heard from
     given_up: bool = False  # its streams were failed over; until it answers again
     # Prompts (and their tokens) the router sent it to prefill since its last load report.
     sent_prompts: int = 0
     sent_prompt_tokens: int = 0
+
+    @property
+    def staying(self) -> bool:
+        """Neither removed nor leaving: it may be given new work."""
+        return not (self.removed or self.leaving.is_set())
+
+    @property
+    def serving(self) -> bool:
+        """Healthy and staying: counted as the tier's capacity."""
+        return self.healthy and self.staying
+
+    def heard_from(self) -> None:
+        """Something came from it (a Load answer, a stream's delta): it is not silent."""
+        self.answered_at = time.monotonic()
 
     def load(self) -> WorkerLoad:
         report = self.report or common_pb2.LoadResponse()
@@ -162,6 +177,7 @@ class WorkerPool(Generic[StubT]):
             worker = self.workers[address]
             if worker.removed:  # back in DNS before its last call ended
                 worker.removed = False
+                worker.answered_at = None  # not polled while out: silent from its next answer
                 if not (worker.report and worker.report.draining):
                     worker.leaving.clear()
                 log.info("%s worker back: %s", self.tier.value, address)
@@ -184,7 +200,7 @@ class WorkerPool(Generic[StubT]):
         live = [
             w
             for w in self.workers.values()
-            if not (w.removed or w.leaving.is_set()) and not (own and w.address in self.borrowed)
+            if w.staying and not (own and w.address in self.borrowed)
         ]
         # Only slow ones left: a busy worker serves late, which beats refusing the request.
         usable = [w for w in live if w.healthy] or [w for w in live if w.slow]
@@ -231,16 +247,16 @@ class WorkerPool(Generic[StubT]):
 
     def in_flight(self) -> int:
         """Calls this router has in flight on the tier's healthy workers."""
-        return sum(w.in_flight for w in self.workers.values() if w.healthy and not w.removed)
+        return sum(w.in_flight for w in self.workers.values() if w.serving)
 
     def healthy_count(self) -> int:
-        return sum(1 for w in self.workers.values() if w.healthy and not w.removed)
+        return sum(1 for w in self.workers.values() if w.serving)
 
     def has_untried(self, tried: Collection[str], own: bool = False) -> bool:
         """Whether a healthy worker not in `tried` is left (`own`: of the tier's own, as
         `pick(own=True)` would choose from)."""
         return any(
-            w.healthy and not (w.removed or w.leaving.is_set()) and w.address not in tried
+            w.serving and w.address not in tried
             for w in self.workers.values()
             if not (own and w.address in self.borrowed)
         )
@@ -266,10 +282,11 @@ class WorkerPool(Generic[StubT]):
             if worker.healthy and (dead or worker.failed_polls >= FAILED_POLLS_TO_UNHEALTHY):
                 log.warning("%s worker %s unhealthy: %s", self.tier.value, worker.address, error)
                 worker.healthy = False
-            worker.slow = not dead and not worker.healthy
+            worker.slow = not dead and not worker.healthy and not worker.given_up
             self._give_up_if_silent(worker)
             return
-        worker.answered_at, worker.given_up = time.monotonic(), False
+        worker.heard_from()
+        worker.given_up = False
         _note_draining(worker, report)
         if self._stalled(worker, report):
             return
@@ -318,6 +335,7 @@ class WorkerPool(Generic[StubT]):
             )
             worker.given_up = True
             worker.healthy, worker.slow = False, False
+            worker.leaving.set()  # prompts queued for it go elsewhere (remote_prefill.py)
             self._lose(worker)
 
     def _lose(self, worker: Worker[StubT]) -> None:

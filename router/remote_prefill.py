@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,6 +37,7 @@ from pdserve.router import metrics
 from pdserve.router.aborts import Aborts
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RouterConfig, Tier
+from pdserve.router.decode_mux import rpc_error
 from pdserve.router.registry import Registry, Worker
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, prefill_pb2
@@ -55,6 +57,21 @@ _RESERVE_CUT_SHORT = frozenset(
 # Failures before hand-off that another prefill worker may not repeat (a dead process gives
 # UNAVAILABLE to its in-flight calls).
 _RETRY_PREFILL = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL})
+# How often a Prefill in flight checks whether its decode worker was lost meanwhile.
+LOST_CHECK_S = 0.5
+
+
+def _lost(worker: Worker[DecodeAsyncStub]) -> bool:
+    """Unhealthy for a broken connection or a silence, not for answering late (busy)."""
+    return not worker.healthy and not worker.slow
+
+
+class _RedirectUnknown(Exception):
+    """Prefill.Redirect failed on its way: whether the engine took it is not known."""
+
+    def __init__(self, cause: grpc.aio.AioRpcError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class RetryableError(Exception):
@@ -232,21 +249,33 @@ class RemotePrefill:
         deadline: Deadline,
         tried_decode: set[str],
     ) -> prefill_pb2.PrefillResult:
-        """The Prefill call's result; meanwhile, if its decode worker leaves, the prompt's KV
-        is redirected to another decode worker's reservation (once per leaving worker)."""
+        """The Prefill call's result. Meanwhile, if its decode worker leaves, the prompt's KV is
+        redirected to another decode worker's reservation (once per leaving worker); if it is
+        lost (dead, cut off, given up), the attempt starts over at once (RetryableError) rather
+        than when the KV sender gives up on it (30 s: a killed pod held a prompt so)."""
         running = asyncio.ensure_future(call)
+        redirected_off: set[str] = set()
         try:
             while True:
-                leaving = asyncio.ensure_future(destination.decode.leaving.wait())
+                decode = destination.decode
+                leaving = asyncio.ensure_future(decode.leaving.wait())
                 try:
-                    await asyncio.wait({running, leaving}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {running, leaving}, timeout=LOST_CHECK_S, return_when=FIRST_COMPLETED
+                    )
                 finally:
                     leaving.cancel()
                 if running.done():
                     return running.result()
-                moved = await self._redirect(prefill, destination, request, deadline, tried_decode)
-                if not moved:
-                    return await running
+                if _lost(decode):
+                    lost = rpc_error(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"decode worker {decode.address} was lost before the prompt's KV came",
+                    )
+                    raise RetryableError(Tier.DECODE, lost)
+                if decode.leaving.is_set() and decode.address not in redirected_off:
+                    redirected_off.add(decode.address)
+                    await self._redirect(prefill, destination, request, deadline, tried_decode)
         finally:
             running.cancel()  # a no-op once done; else the caller gave up: so does the call
 
@@ -260,7 +289,9 @@ class RemotePrefill:
     ) -> bool:
         """Reserves on another decode worker and points the queued prompt's KV there; the
         first reservation is aborted. False, with nothing changed, if no other worker takes it
-        or the prompt's KV has begun to leave already."""
+        or the prompt's KV has begun to leave already. A Redirect call that fails leaves where
+        the KV goes unknown (the engine may have taken it, the answer lost): RetryableError,
+        and the attempt starts over."""
         pool = self.registry.decode
         leaving = destination.decode
         if not pool.has_untried(tried_decode, own=True):
@@ -272,12 +303,17 @@ class RemotePrefill:
         moved = False
         try:
             descriptor = await self._reserve(target, request, deadline, tried_decode)
-            answer = await prefill.stub.Redirect(
-                prefill_pb2.RedirectRequest(request_id=request.request_id, destination=descriptor),
-                timeout=deadline.remaining(),
+            message = prefill_pb2.RedirectRequest(
+                request_id=request.request_id, destination=descriptor
             )
+            try:
+                answer = await prefill.stub.Redirect(message, timeout=deadline.remaining())
+            except grpc.aio.AioRpcError as error:
+                raise _RedirectUnknown(error) from error
             moved = answer.redirected
-        except (RetryableError, grpc.aio.AioRpcError) as failure:
+        except _RedirectUnknown as unknown:
+            raise RetryableError(Tier.DECODE, unknown.cause) from unknown.cause
+        except (RetryableError, grpc.aio.AioRpcError) as failure:  # no reservation there
             log.warning(
                 "request %s: no redirect off %s: %s", request.log_name, leaving.address, failure
             )

@@ -93,7 +93,7 @@ class Roles:
 
 
 def _usable(workers: Collection[Worker[Any]]) -> list[Worker[Any]]:
-    return [w for w in workers if w.healthy and not w.removed]
+    return [w for w in workers if w.serving]
 
 
 def _running(worker: Worker[Any]) -> bool:

@@ -172,23 +172,53 @@ def test_a_decode_worker_silent_for_the_keepalive_window_fails_its_streams_over(
     router_stack: Any, relay: RelayMode
 ) -> None:
     """A pod cut off under load whose connection keepalive has not closed (its pings queued
-    behind writes that never leave) answers no Load: once it has been silent for keepalive's
-    time + timeout, the router gives it up and its streams go on elsewhere, on either relay.
-    The fake answers pings, so only the router's own Load silence can find it."""
+    behind writes that never leave) sends no delta and answers no Load: once nothing has come
+    from it for keepalive's time + timeout, the router gives it up and its streams go on
+    elsewhere, on either relay. The fake answers pings, so only the router's own silence rule
+    can find it."""
     keepalive = Keepalive(time_seconds=0.5, timeout_seconds=0.5)
 
     async def silence(stack: Any, silent: FakeDecode) -> None:
-        silent.knobs.load_delay_seconds = 30.0  # past the router's Load timeout
-        for _ in range(2):  # the first poll only finds it late; the next, silent
+        silent.knobs.delay_seconds = 30.0  # its stream stops...
+        silent.knobs.load_delay_seconds = 30.0  # ...and so do its Load answers
+        worker = stack.registry.decode.workers[stack.tiers.decode_addresses[0]]
+        for _ in range(20):
             await stack.registry.poll()
-            await asyncio.sleep(keepalive.time_seconds + keepalive.timeout_seconds)
-        await stack.registry.poll()
+            if worker.given_up:
+                return
+            await asyncio.sleep(0.25)
 
     async def body() -> None:
-        async with router_stack(num_decode=2, keepalive=keepalive, relay=relay) as stack:
+        async with router_stack(
+            num_decode=2, keepalive=keepalive, load_timeout_seconds=0.2, relay=relay
+        ) as stack:
             await _streams_move_when_the_first_worker_is_lost(stack, silence)
             worker = stack.registry.decode.workers[stack.tiers.decode_addresses[0]]
             assert worker.given_up
+
+    asyncio.run(body())
+
+
+def test_a_busy_decode_worker_still_streaming_is_not_given_up(router_stack: Any) -> None:
+    """Late Load answers alone (a busy worker) are not silence while its stream's deltas come."""
+
+    async def body() -> None:
+        keepalive = Keepalive(time_seconds=0.2, timeout_seconds=0.2)
+        async with router_stack(
+            num_decode=1, keepalive=keepalive, load_timeout_seconds=0.1
+        ) as stack:
+            (busy,) = stack.tiers.decode
+            busy.knobs.delay_seconds = 0.1  # a token every 0.1 s for 2 s
+            await stack.registry.poll()
+            busy.knobs.load_delay_seconds = 30.0  # every Load from now on answers too late
+            request = build_request([1], sampling=common_pb2.SamplingParams(max_tokens=20))
+            tokens: list[int] = []
+            async for chunk in stack.client.generate_stream(request, timeout=20):
+                tokens.extend(chunk.token_ids)
+                if len(tokens) % 4 == 0:  # a poll about every 0.4 s, past the 0.4 s window
+                    await stack.registry.poll()
+            worker = stack.registry.decode.workers[stack.tiers.decode_addresses[0]]
+            assert len(tokens) == 20 and not worker.given_up and worker.failed_polls >= 4
 
     asyncio.run(body())
 

@@ -93,3 +93,40 @@ def test_a_draining_decode_worker_is_not_picked(router_stack: Any) -> None:
             assert other.reserves and not leaving.reserves
 
     asyncio.run(body())
+
+
+def test_a_prompt_whose_decode_worker_is_lost_starts_over_at_once(router_stack: Any) -> None:
+    """Its decode worker dead (Load refused) while the prompt is still in the prefill queue:
+    the router does not wait for the KV sender to give up on it (30 s on a real one) but
+    cancels the prefill and starts over on the other decode worker."""
+
+    async def body() -> None:
+        async with router_stack(num_decode=2) as stack:
+            lost, other = stack.tiers.decode
+            (prefill,) = stack.tiers.prefill
+            prefill.knobs.delay_seconds = 30.0  # the first call's KV never arrives
+            other.knobs.load.num_waiting = 100  # the router reserves on the first one
+            await stack.registry.poll()
+            request = build_request([1, 2, 3], sampling=common_pb2.SamplingParams(max_tokens=4))
+
+            async def lose_once_reserved() -> None:
+                await eventually(lambda: bool(lost.reservations))
+                lost.knobs.load_fails = True  # a dead process refuses the connection
+                prefill.knobs.delay_seconds = 0.0  # the retry's prefill is quick
+                await stack.registry.poll()
+
+            losing = asyncio.ensure_future(lose_once_reserved())
+            started = asyncio.get_running_loop().time()
+            tokens = [
+                token
+                async for chunk in stack.client.generate_stream(request, timeout=20)
+                for token in chunk.token_ids
+            ]
+            took = asyncio.get_running_loop().time() - started
+            await losing
+            assert tokens == [FIRST_TOKEN_ID, 1, 2, 3] and took < 5.0
+            first_call = prefill.calls[0].request.request_id
+            assert len(prefill.calls) == 2 and prefill.cancelled == [first_call]
+            assert other.reserves and other.multiplex_calls
+
+    asyncio.run(body())
