@@ -227,14 +227,18 @@ class Autoscaler:
         shapes = [_shape(candidate) for candidate in meeting]
         if self._last_wanted in shapes:
             return self._last_wanted
-        return _shape(min(meeting, key=lambda c: c.ttft_p90))
+        return _shape(min(meeting, key=lambda c: (-c.attainment, c.ttft_p90)))
 
     def _miss(self, candidate: Candidate) -> float:
-        """How far a candidate is from meeting: its worse SLO ratio, unfinished requests first."""
+        """How far a candidate is from meeting, unfinished requests first: the share of requests
+        missing their own SLOs, or (by percentiles) its worse SLO ratio."""
+        unfinished = (1 - candidate.completed_fraction) * 1e6
+        if self.slo.per_request is not None:
+            return unfinished + 1 - candidate.attainment
         ratio = max(
             candidate.ttft_p90 / self.slo.ttft_p90_s, candidate.itl_p99 / self.slo.itl_p99_s
         )
-        return (1 - candidate.completed_fraction) * 1e6 + ratio
+        return unfinished + ratio
 
     def _deployments(
         self, total: int, requests: Sequence[TraceRequest], correction: TierCorrection

@@ -34,7 +34,7 @@ from pdserve.local.status import Departure, ScaleError
 from pdserve.planner.autoscale import Action, Autoscaler, Decision, Observation, Policy, Shape
 from pdserve.planner.autoscale_apply import Applier, LocalPods, ReplicaGauges
 from pdserve.planner.autoscale_metrics import Routers, ScrapeWindow, healthy_workers, scrape
-from pdserve.planner.plan import Slo
+from pdserve.planner.plan import PerRequestSlo, Slo
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 
 SCALES = (Action.SCALE_UP, Action.SCALE_DOWN)
@@ -62,8 +62,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is scraped and summed (on Kubernetes the router's headless Service: every replica)",
     )
     parser.add_argument("--profile", type=Path, required=True, help="from `pdserve profile`")
-    parser.add_argument("--slo-ttft-p90", type=float, required=True, help="seconds")
-    parser.add_argument("--slo-itl-p99", type=float, required=True, help="seconds")
+    percentiles = parser.add_argument_group("SLOs by percentiles (the default form)")
+    percentiles.add_argument("--slo-ttft-p90", type=float, help="seconds")
+    percentiles.add_argument("--slo-itl-p99", type=float, help="seconds")
+    per_request = parser.add_argument_group(
+        "SLOs per request, as the benchmarks score them (instead): a request meets them when its "
+        "TTFT is within --slo-ttft + --slo-ttft-per-token x its prompt tokens and its mean time "
+        "per output token within --slo-tpot; a deployment when --slo-attainment of them do"
+    )
+    per_request.add_argument("--slo-attainment", type=float, help="0..1, e.g. 0.95")
+    per_request.add_argument("--slo-ttft", type=float, help="seconds")
+    per_request.add_argument("--slo-ttft-per-token", type=float, default=0.0, help="seconds")
+    per_request.add_argument("--slo-tpot", type=float, help="seconds")
     parser.add_argument("--interval-seconds", type=float, default=15.0, help="between decisions")
     parser.add_argument(
         "--window-seconds",
@@ -158,9 +168,27 @@ def _autoscaler(args: argparse.Namespace, colocated: bool) -> Autoscaler:
     placement = PlacementConfig(
         disagg_threshold=args.disagg_threshold, mode=PlacementMode(args.placement)
     )
-    slo = Slo(args.slo_ttft_p90, args.slo_itl_p99)
+    slo = slo_from_args(args)
     engine = engine_config_from_args(args)
     return Autoscaler(load_profile(args.profile), engine, placement, slo, policy, colocated)
+
+
+def slo_from_args(args: argparse.Namespace) -> Slo:
+    """One form of the two: percentiles, or per request (ValueError naming the flags)."""
+    if args.slo_attainment is None:
+        if args.slo_ttft_p90 is None or args.slo_itl_p99 is None:
+            raise ValueError("--slo-ttft-p90 and --slo-itl-p99, or --slo-attainment: one is needed")
+        return Slo(args.slo_ttft_p90, args.slo_itl_p99)
+    if args.slo_ttft_p90 is not None or args.slo_itl_p99 is not None:
+        raise ValueError("--slo-attainment: not with --slo-ttft-p90 / --slo-itl-p99 (one form)")
+    if args.slo_ttft is None or args.slo_tpot is None:
+        raise ValueError("--slo-attainment: needs --slo-ttft and --slo-tpot")
+    if not 0 < args.slo_attainment <= 1:
+        raise ValueError(f"--slo-attainment: must be in (0, 1], got {args.slo_attainment}")
+    per_request = PerRequestSlo(
+        args.slo_ttft, args.slo_ttft_per_token, args.slo_tpot, args.slo_attainment
+    )
+    return Slo(args.slo_ttft, args.slo_tpot, per_request)
 
 
 def _step(

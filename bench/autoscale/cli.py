@@ -2,7 +2,7 @@
 shifting load, pods at a CPU limit.
 
     pdserve bench autoscale [--model PATH] [--trace FILE] [--pod-cpus 0.5] [--arms A,...]
-        [--slo-tpot S] [--slo-ttft-p90 S] [--slo-itl-p99 S] [--interval-seconds S]
+        [--slo-tpot S] [--slo-attainment A] [--interval-seconds S]
         [--window-seconds S] [--json]
 
 Each arm is a fresh `pdserve up --netns` whose worker pods each get `--pod-cpus` cores: a fixed
@@ -45,7 +45,7 @@ from pdserve.bench.autoscale.deployment import (
     Up,
     require_root,
 )
-from pdserve.bench.autoscale.trace import Phase, load_trace
+from pdserve.bench.autoscale.trace import Phase, load_trace, tightest_ttft_slo
 from pdserve.bench.disagg.attainment import outcomes
 from pdserve.bench.disagg.cli import plan_load, send_plan
 from pdserve.bench.disagg.workload import PlannedRequest, plan_requests, point_seed
@@ -120,8 +120,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pod-cpus", type=float, default=0.5, help="each worker pod's cores")
     parser.add_argument("--arms", type=parse_arms, default=parse_arms(default_arms))
     parser.add_argument("--slo-tpot", type=float, default=0.3, help="seconds per output token")
-    parser.add_argument("--slo-ttft-p90", type=float, default=2.0, help="the autoscaler's")
-    parser.add_argument("--slo-itl-p99", type=float, default=0.6, help="the autoscaler's")
+    parser.add_argument(
+        "--slo-attainment",
+        type=float,
+        default=0.95,
+        help="the autoscaler's target share of requests within their SLOs (the trace's TTFT "
+        "SLO, --slo-tpot); a phase is attained at 0.9",
+    )
     parser.add_argument("--interval-seconds", type=float, default=15.0, help="the autoscaler's")
     parser.add_argument("--window-seconds", type=float, default=60.0, help="the autoscaler's")
     parser.add_argument("--max-pods", type=int, default=MAX_PODS, help="the autoscaler's")
@@ -175,7 +180,7 @@ def _run_arm(
         router = up.wait_ready()
         send_plan(router, warmup, rate=None, schedule_seed=0)
         if arm == AUTOSCALE:
-            autoscaler = Autoscaler(router, _autoscale_flags(args, profile))
+            autoscaler = Autoscaler(router, _autoscale_flags(args, profile, phases))
         sampler = Sampler(router)
         windows, results = _serve_phases(router, phases, plans)
         # The deployment runs to the last phase's end, however early its requests are done (a
@@ -232,10 +237,15 @@ def _report_lost(arm: str, results: Sequence[tuple[CallResult, ...]]) -> None:
         print(f"{arm}: requests lost by status: {dict(lost)}", file=sys.stderr, flush=True)
 
 
-def _autoscale_flags(args: argparse.Namespace, profile: Path) -> tuple[str, ...]:
+def _autoscale_flags(
+    args: argparse.Namespace, profile: Path, phases: Sequence[Phase]
+) -> tuple[str, ...]:
+    """The bench's own SLOs, per request, as it scores them."""
+    ttft = tightest_ttft_slo(phases)
     return (
         *("--profile", str(profile), "--pod-cpus", str(args.pod_cpus)),
-        *("--slo-ttft-p90", str(args.slo_ttft_p90), "--slo-itl-p99", str(args.slo_itl_p99)),
+        *("--slo-attainment", str(args.slo_attainment), "--slo-tpot", str(args.slo_tpot)),
+        *("--slo-ttft", str(ttft.seconds), "--slo-ttft-per-token", str(ttft.per_prompt_token)),
         *("--interval-seconds", str(args.interval_seconds), "--max-pods", str(args.max_pods)),
         *("--window-seconds", str(args.window_seconds)),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from pdserve.bench.disagg.workload import (
     PlannedRequest,
     RequestClass,
+    TtftSlo,
     parse_spec,
     plan_requests,
     point_seed,
@@ -70,6 +72,13 @@ class Phase:
         """Its requests, the same for every arm (fresh prompts, no repeats across phases)."""
         label = point_seed(seed, f"autoscale/{self.name}")
         return plan_requests(self.classes, self.requests, vocab_size, label)
+
+
+def tightest_ttft_slo(phases: Sequence[Phase]) -> TtftSlo:
+    """One TTFT SLO formula for every request of the trace, no looser than any class's: what the
+    autoscaler sizes for (it takes one; the shipped trace's classes share theirs)."""
+    slos = [request_class.ttft_slo for phase in phases for request_class in phase.classes]
+    return TtftSlo(min(slo.seconds for slo in slos), min(slo.per_prompt_token for slo in slos))
 
 
 def make_trace(minutes: float = DEFAULT_MINUTES) -> dict[str, Any]:

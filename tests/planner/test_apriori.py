@@ -16,7 +16,7 @@ from pdserve.planner.fidelity import RequestSlo, a_priori_deployment, figures, s
 from pdserve.planner.plan import Slo
 from pdserve.planner.real_runs import Seen, engine_flags
 from pdserve.planner.serving_calibration import BURSTS, burst, fit_serving
-from pdserve.planner.validate_cli import validation_trace
+from pdserve.planner.validate_cli import repeat_noise, summary, validation_trace
 from pdserve.planner.verify import report
 from pdserve.planner.workload import PoissonSpec, TokenRange
 from pdserve.router.placement.prefill_place import PlacementConfig
@@ -79,3 +79,21 @@ def test_verification_reports_both_verdicts() -> None:
     assert result["plan"] == "1P1D"
     assert (result["predicted_attainment"], result["real_attainment"]) == (1.0, 0.8)
     assert (result["meets_slo_predicted"], result["meets_slo_real"]) == (True, False)
+
+
+def test_the_noise_floor_is_each_repeat_against_the_others() -> None:
+    assert repeat_noise([1.0], relative=True) is None
+    # 1.0 against 2.0: 100 %; 2.0 against 1.0: 50 %.
+    assert repeat_noise([1.0, 2.0], relative=True) == pytest.approx(0.75)
+    assert repeat_noise([0.5, 0.9], relative=False) == pytest.approx(0.4)
+
+
+def test_an_error_within_the_runs_own_noise_meets_the_target() -> None:
+    def line(error: float, noise: float | None) -> dict[str, object]:
+        return {"metric": "ttft_p50", "error": error, "noise": noise}
+
+    noisy = summary([line(0.2, 0.3), line(0.2, 0.3)])
+    assert noisy["meets_target"] and noisy["median_noise"] == pytest.approx(0.3)
+    quiet = summary([line(0.2, 0.02), line(0.2, 0.02)])
+    assert not quiet["meets_target"]
+    assert summary([line(0.05, None)])["meets_target"]  # one repeat: the fixed targets

@@ -12,7 +12,7 @@ import pytest
 
 from pdserve.core.config import EngineConfig
 from pdserve.costmodel.correction import StepPhase, StepWindow, predicted_seconds
-from pdserve.costmodel.profile import load_profile
+from pdserve.costmodel.profile import CostModel, load_profile
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner import autoscale
 from pdserve.planner.autoscale import (
@@ -24,9 +24,11 @@ from pdserve.planner.autoscale import (
     Shape,
     trace,
 )
-from pdserve.planner.plan import Candidate, Slo
+from pdserve.planner.plan import Candidate, PerRequestSlo, Slo, evaluate
 from pdserve.planner.sim_cluster import Deployment
+from pdserve.planner.workload import TraceRequest
 from pdserve.router.placement.prefill_place import PlacementConfig
+from tests.planner.helpers import fixed_step_profile
 
 PROFILE = Path(__file__).parents[2] / "docs" / "planning-profile-cpu.json"
 POWERS = tuple(float(2**i) for i in range(13))
@@ -66,10 +68,12 @@ def engine() -> EngineConfig:
     return EngineConfig(max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def _scaler(engine: EngineConfig, colocated: bool = False, pod_share: float = 1.0) -> Autoscaler:
+def _scaler(
+    engine: EngineConfig, colocated: bool = False, pod_share: float = 1.0, slo: Slo = SLO
+) -> Autoscaler:
     profile = load_profile(PROFILE)
     policy = Policy(max_pods=4, trace_seconds=30, pod_share=pod_share)
-    return Autoscaler(profile, engine, PlacementConfig(), SLO, policy, colocated=colocated)
+    return Autoscaler(profile, engine, PlacementConfig(), slo, policy, colocated=colocated)
 
 
 def test_more_load_never_wants_fewer_pods_and_a_tier_keeps_its_mode(engine: EngineConfig) -> None:
@@ -87,6 +91,32 @@ def test_half_core_pods_need_more_of_them_for_the_same_load(engine: EngineConfig
     whole, half = _scaler(engine), _scaler(engine, pod_share=0.5)
     load = _chat(1.0)
     assert half.fewest_pods(load).pods > whole.fewest_pods(load).pods
+
+
+def test_a_per_request_slo_lets_long_prompts_take_their_time(engine: EngineConfig) -> None:
+    """Long prompts no split prefills within a 2 s TTFT p90 (so every pod it may have), but
+    within 2 s + 10 ms a prompt token, as the benchmarks score them, with fewer pods."""
+    long_prompts = Observation(30.0, 6.0, _histogram(b1024=1), _histogram(b64=1), 0)
+    by_percentiles = _scaler(engine)
+    per_request = _scaler(engine, slo=Slo(2.0, 0.5, PerRequestSlo(2.0, 0.01, 0.5, 0.95)))
+    assert by_percentiles.fewest_pods(long_prompts).pods == 4
+    assert per_request.fewest_pods(long_prompts).pods < 4
+
+
+def test_a_per_request_slo_is_met_by_the_share_of_requests_within_their_own() -> None:
+    # Apart (10 s between arrivals), 100..400 prompt tokens at 10 ms each: TTFT 1..4 s.
+    requests = [TraceRequest(10.0 * i, 100 * (i + 1), 4) for i in range(4)]
+    split = Deployment(1, 1, EngineConfig(), EngineConfig(), PlacementConfig())
+    profile = dataclasses.replace(
+        fixed_step_profile(0.0), model=CostModel((0.0, 0.01, 0.0, 0.001, 0.0))
+    )
+    half = PerRequestSlo(2.5, 0.0, 10.0, attainment=0.5)  # the first two of four are within
+    candidate = evaluate(split, profile, requests, Slo(10.0, 10.0, half))
+    assert candidate.attainment == pytest.approx(0.5) and candidate.meets
+    stricter = dataclasses.replace(half, attainment=0.75)
+    assert not evaluate(split, profile, requests, Slo(10.0, 10.0, stricter)).meets
+    by_the_token = dataclasses.replace(half, ttft_per_prompt_token_s=0.01)  # 3.5 s for 100...
+    assert evaluate(split, profile, requests, Slo(10.0, 10.0, by_the_token)).attainment == 1.0
 
 
 def _fixed(*shapes: Shape) -> Autoscaler:
