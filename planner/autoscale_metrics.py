@@ -1,10 +1,11 @@
 """What `pdserve autoscale` reads each interval: two scrapes of the routers' /metrics turned into
 an `Observation` (the streams admitted between them and their prompt lengths, the output
 lengths of those that finished, the streams in flight at the second, and each tier's workers'
-recent steps as the second saw them). Arrivals are counted as the router admits them, not as they
-finish: finishes lag arrivals exactly when the deployment is short, and an autoscaler reading
-them sees no more load than the pods it has already serve. Output lengths are known only at the
-end: an interval in which none finished takes those of every request finished so far.
+recent steps and prompt tokens still to compute as the second saw them). Arrivals are counted
+as the router admits them, not as they finish: finishes lag arrivals exactly when the deployment
+is short, and an autoscaler reading them sees no more load than the pods it has already serve.
+Output lengths are known only at the end: an interval in which none finished takes those of
+every request finished so far.
 
 Every address the URL's host resolves to is scraped: on Kubernetes the router's headless
 Service names every router pod, and replicas share no state, so the interval's load is the sum of
@@ -33,6 +34,7 @@ PROMPT_TOKENS = "pdserve_router_admitted_prompt_tokens"
 OUTPUT_TOKENS = "pdserve_router_output_tokens"
 IN_FLIGHT = "pdserve_router_requests_in_flight"
 STEP_WINDOW = "pdserve_router_step_window"  # router/step_gauges.py
+PENDING = "pdserve_router_worker_pending_prompt_tokens"  # likewise
 WORKERS = "pdserve_router_workers"
 
 WindowKey = tuple[str, str, str]  # tier, worker, phase
@@ -48,6 +50,7 @@ class Scrape:
     in_flight: int
     step_windows: Mapping[WindowKey, StepWindow]
     healthy_workers: Mapping[str, int]  # by tier
+    pending_prompt_tokens: Mapping[tuple[str, str], float]  # by (tier, worker)
 
     @classmethod
     def parse(cls, text: str, at: float) -> Scrape:
@@ -55,6 +58,7 @@ class Scrape:
         in_flight = 0.0
         windows = _WindowGauge()
         healthy: dict[str, int] = {}
+        pending: dict[tuple[str, str], float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name.removesuffix("_bucket") in buckets and "le" in sample.labels:
@@ -66,7 +70,9 @@ class Scrape:
                     windows.add(sample)
                 elif sample.name == WORKERS and sample.labels.get("state") == "healthy":
                     healthy[sample.labels["tier"]] = int(sample.value)
-        return cls(at, buckets, int(in_flight), windows.windows(), healthy)
+                elif sample.name == PENDING:
+                    pending[(sample.labels["tier"], sample.labels["worker"])] = sample.value
+        return cls(at, buckets, int(in_flight), windows.windows(), healthy, pending)
 
 
 Routers = Mapping[str, Scrape]  # one scrape per router address, taken together
@@ -116,6 +122,7 @@ def observation(before: Routers, after: Routers) -> Observation:
         outputs,
         sum(scrape.in_flight for scrape in after.values()),
         _windows_by_tier(after.values()),
+        _pending(after.values()),
     )
 
 
@@ -186,6 +193,14 @@ def _summed(histograms: Iterable[LengthHistogram]) -> LengthHistogram:
             by_bound[bound] += count
     bounds = tuple(sorted(by_bound))
     return LengthHistogram(bounds, tuple(by_bound[bound] for bound in bounds))
+
+
+def _pending(scrapes: Iterable[Scrape]) -> float:
+    """Prompt tokens waiting on every worker, each worker once (every router reports it)."""
+    one_each: dict[tuple[str, str], float] = {}
+    for scrape in scrapes:
+        one_each.update(scrape.pending_prompt_tokens)
+    return sum(one_each.values())
 
 
 def _windows_by_tier(scrapes: Iterable[Scrape]) -> dict[str, tuple[StepWindow, ...]]:

@@ -111,6 +111,12 @@ STEP_CORRECTION = Gauge(
     "1: too few steps yet). Only with --profile",
     ["phase", "tier", "worker"],
 )
+PENDING_PROMPT_TOKENS = Gauge(
+    "pdserve_router_worker_pending_prompt_tokens",
+    "Each worker's prompt tokens accepted and not yet computed, from its last Load report: the "
+    "prefill backlog pdserve autoscale adds to the load it sizes for",
+    ["tier", "worker"],
+)
 STEP_WINDOW = Gauge(
     "pdserve_router_step_window",
     "Each worker's recent steps of a phase, summed, from its Load reports (quantity: steps, "

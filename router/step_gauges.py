@@ -5,7 +5,9 @@
   summed (quantity: steps, seconds, and the step shape's features). `pdserve autoscale` reads
   these to correct its own profile per tier, whatever profile the router holds, if any;
 - `pdserve_router_step_correction{phase,tier,worker}`: with --profile, the factor by which
-  adaptive placement scales that profile for the worker."""
+  adaptive placement scales that profile for the worker;
+- `pdserve_router_worker_pending_prompt_tokens{tier,worker}`: its prompt tokens accepted and not
+  yet computed (a prefill backlog `pdserve autoscale` sizes for, beside the arrivals)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def export(
 ) -> None:
     windows = step_windows_from_proto(report.step_windows)
     _export_windows(tier, worker, windows)
+    metrics.PENDING_PROMPT_TOKENS.labels(tier, worker).set(report.num_pending_prompt_tokens)
     if costs is None:
         return
     corrected = costs.corrected(windows)
@@ -67,6 +70,8 @@ def _export_windows(tier: str, worker: str, windows: Iterable[StepWindow]) -> No
 
 
 def forget(tier: str, worker: str) -> None:
+    with contextlib.suppress(KeyError):  # never polled
+        metrics.PENDING_PROMPT_TOKENS.remove(tier, worker)
     for phase in StepPhase:
         _forget_window(tier, worker, phase)
         with contextlib.suppress(KeyError):  # never polled with --profile

@@ -1,5 +1,5 @@
-"""Elastic tiers under steady open-loop load, in pods (`pdserve up --netns`): decode 1 -> 2 -> 1
-and prefill 1 -> 2 -> 1 with `pdserve scale`, then decode 1 -> 2 -> 1 by `pdserve autoscale` on a
+"""Elastic tiers under steady open-loop load, in pods (`pdserve up --netns`): 1P1D -> 2P2D -> 1P1D
+with `pdserve scale`, then decode 1 -> 2 -> 1 by `pdserve autoscale` on a
 step in load, then a decode worker SIGKILLed instead of drained, then a decode pod cut off from
 the network (no reset: only keepalive can tell).
 Every request completes with exactly the undisturbed run's tokens, text, finish reason and usage
@@ -159,31 +159,30 @@ def _middle(text: str) -> str:
 
 
 def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
-    steps: list[dict[str, int]] = [{"decode": 2}, {"prefill": 2}, {"decode": 1}, {"prefill": 1}]
+    """Both tiers at once, 1P1D -> 2P2D -> 1P1D (one step each way: the pods of both tiers start,
+    and drain, side by side)."""
     seen: list[dict[str, Any]] = []
 
     async def scale_steps() -> None:
-        for step in steps:
-            seen.append(await asyncio.to_thread(cluster.up.scale, **step))
-            if step in ({"decode": 2}, {"prefill": 2}):  # every worker takes traffic
-                await _until_every_member_served(cluster, _members(seen[-1], next(iter(step))))
-            else:
-                await asyncio.sleep(SETTLE_UNDER_LOAD_S)
+        seen.append(await asyncio.to_thread(cluster.up.scale, decode=2, prefill=2))
+        for tier in ("decode", "prefill"):  # every worker takes traffic
+            await _until_every_member_served(cluster, _members(seen[-1], tier))
+        seen.append(await asyncio.to_thread(cluster.up.scale, decode=1, prefill=1))
+        await asyncio.sleep(SETTLE_UNDER_LOAD_S)
 
     outcomes = asyncio.run(_under_load(cluster, scale_steps()))
     _assert_as_undisturbed(cluster, outcomes)
-    decode_2, prefill_2, decode_1, prefill_1 = seen
-    assert [_ready(decode_2, "decode"), _ready(prefill_2, "prefill")] == [2, 2]
-    assert [_ready(decode_1, "decode"), _ready(prefill_1, "prefill")] == [1, 1]
-    for status, tier, count in ((decode_1, "decode", 1), (prefill_1, "prefill", 1)):
-        drained = [d for d in status["departures"] if d["name"].startswith(tier)]
-        assert len(drained) == count, status
-        for departure in drained:  # drained within its grace and exited cleanly
-            assert departure["exit_code"] == 0 and not departure["killed"], departure
-            assert departure["drain_seconds"] is not None, departure
+    up, down = seen
+    assert [_ready(up, "decode"), _ready(up, "prefill")] == [2, 2]
+    assert [_ready(down, "decode"), _ready(down, "prefill")] == [1, 1]
+    for tier in ("decode", "prefill"):
+        (drained,) = [d for d in down["departures"] if d["name"].startswith(tier)]
+        # drained within its grace and exited cleanly
+        assert drained["exit_code"] == 0 and not drained["killed"], drained
+        assert drained["drain_seconds"] is not None, drained
     _assert_blocks_free(cluster)
     _assert_kv_crossed_the_pod_link(cluster)
-    _assert_each_worker_pod_under_its_cpu_limit(cluster, prefill_1)
+    _assert_each_worker_pod_under_its_cpu_limit(cluster, down)
 
 
 def _desired_replicas(port: int) -> dict[str, float]:

@@ -70,7 +70,8 @@ def test_validation_prints_a_line_per_metric_and_a_verdict(tmp_path: Path) -> No
     for line in lines:
         assert line["config"] == "1P1D" and line["repeats"] == 2 and line["real"] > 0
         assert line["real_ci"][0] <= line["real"] <= line["real_ci"][1]
-    assert verdict["latency_errors"] == 4
+        assert line["noise"] is not None and line["noise"] >= 0  # two repeats: their spread
+    assert verdict["latency_errors"] == 4 and verdict["median_noise"] is not None
     assert isinstance(verdict["meets_target"], bool)
 
 

@@ -87,6 +87,18 @@ def test_more_load_never_wants_fewer_pods_and_a_tier_keeps_its_mode(engine: Engi
         assert all(s.pods <= 4 for s in shapes)
 
 
+def test_a_prefill_backlog_counts_beside_the_arrivals(engine: EngineConfig) -> None:
+    """A few arrivals a window while long prompts queue: the backlog, prompts waiting at the
+    start of the simulated load, asks for more pods than the arrival rate alone."""
+    quiet = Observation(30.0, 1.0, _histogram(b1024=1), _histogram(b64=1), in_flight=4)
+    backed_up = dataclasses.replace(quiet, pending_prompt_tokens=6000.0)
+    waiting = [r for r in trace(backed_up, Policy()) if r.arrival_s == 0.0]
+    assert sum(r.prompt_tokens for r in waiting) == 6000 and len(waiting) >= 6
+    assert not [r for r in trace(quiet, Policy()) if r.arrival_s == 0.0]
+    scaler = _scaler(engine, pod_share=0.5, slo=Slo(2.0, 0.5, PerRequestSlo(2.0, 0.02, 0.5, 0.9)))
+    assert scaler.fewest_pods(backed_up).pods > scaler.fewest_pods(quiet).pods
+
+
 def test_half_core_pods_need_more_of_them_for_the_same_load(engine: EngineConfig) -> None:
     whole, half = _scaler(engine), _scaler(engine, pod_share=0.5)
     load = _chat(1.0)

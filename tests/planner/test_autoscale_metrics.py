@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram, gen
 from pdserve.core.serving.step_window_proto import step_windows_to_proto
 from pdserve.costmodel.correction import StepPhase, StepWindow
 from pdserve.costmodel.step_shape import StepShape
-from pdserve.planner.autoscale import LengthHistogram
+from pdserve.planner.autoscale import LengthHistogram, Observation
 from pdserve.planner.autoscale_metrics import (
     IN_FLIGHT,
     OUTPUT_TOKENS,
@@ -106,25 +106,33 @@ def test_each_tiers_step_windows_are_read_back_from_the_routers_gauge() -> None:
         ("prefill", "10.0.0.4:1"): [prefill],
     }
     for (tier, worker), windows in reports.items():
-        report = common_pb2.LoadResponse(step_windows=step_windows_to_proto(windows))
+        report = common_pb2.LoadResponse(
+            step_windows=step_windows_to_proto(windows),
+            num_pending_prompt_tokens=1500 if tier == "prefill" else 10,
+        )
         step_gauges.export(None, tier, worker, report)
     try:
         seen = _windows_by_tier()
         assert sorted(seen["decode"], key=str) == sorted([decode, mixed, decode], key=str)
         assert seen["prefill"] == (prefill,)
+        assert _seen().pending_prompt_tokens == 1520  # each worker once, both routers report it
         step_gauges.export(None, "decode", "10.0.0.2:1", common_pb2.LoadResponse())
         assert _windows_by_tier()["decode"] == (decode,)  # a phase gone is gone from the gauge
     finally:
         for tier, worker in reports:
             step_gauges.forget(tier, worker)
-    assert not _windows_by_tier()
+    assert not _windows_by_tier() and not _seen().pending_prompt_tokens
 
 
 def _windows_by_tier() -> Mapping[str, tuple[StepWindow, ...]]:
+    return _seen().step_windows
+
+
+def _seen() -> Observation:
     """The router's registry, scraped twice (two routers that poll the same workers)."""
     text = generate_latest(REGISTRY).decode()
     routers = {"10.0.0.1": Scrape.parse(text, at=0.0), "10.0.0.9": Scrape.parse(text, at=0.0)}
-    return observation(routers, routers).step_windows
+    return observation(routers, routers)
 
 
 def test_router_replicas_are_summed_and_one_new_since_the_last_scrape_counts_from_zero() -> None:
