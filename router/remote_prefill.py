@@ -66,14 +66,6 @@ def _lost(worker: Worker[DecodeAsyncStub]) -> bool:
     return not worker.healthy and not worker.slow
 
 
-class _RedirectUnknown(Exception):
-    """Prefill.Redirect failed on its way: whether the engine took it is not known."""
-
-    def __init__(self, cause: grpc.aio.AioRpcError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
 class RetryableError(Exception):
     def __init__(self, tier: Tier, cause: grpc.aio.AioRpcError) -> None:
         super().__init__(f"{tier.value}: {cause.code().name}: {cause.details()}")
@@ -302,21 +294,22 @@ class RemotePrefill:
         pool.acquire(target)
         moved = False
         try:
-            descriptor = await self._reserve(target, request, deadline, tried_decode)
+            try:
+                descriptor = await self._reserve(target, request, deadline, tried_decode)
+            except (RetryableError, grpc.aio.AioRpcError) as failure:  # no reservation there
+                log.warning(
+                    "request %s: no redirect off %s: %s", request.log_name, leaving.address, failure
+                )
+                metrics.REDIRECTS.labels("too_late").inc()
+                return False
             message = prefill_pb2.RedirectRequest(
                 request_id=request.request_id, destination=descriptor
             )
             try:
                 answer = await prefill.stub.Redirect(message, timeout=deadline.remaining())
             except grpc.aio.AioRpcError as error:
-                raise _RedirectUnknown(error) from error
+                raise RetryableError(Tier.DECODE, error) from error
             moved = answer.redirected
-        except _RedirectUnknown as unknown:
-            raise RetryableError(Tier.DECODE, unknown.cause) from unknown.cause
-        except (RetryableError, grpc.aio.AioRpcError) as failure:  # no reservation there
-            log.warning(
-                "request %s: no redirect off %s: %s", request.log_name, leaving.address, failure
-            )
         finally:
             if not moved:
                 self.aborts.later(target, request.request_id)
