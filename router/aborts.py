@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from pdserve.router.config import RouterConfig
-from pdserve.router.registry import Registry, Worker
+from pdserve.router.registry import Registry
+from pdserve.router.worker import Worker
 from pdserve.v1 import decode_pb2
 
 if TYPE_CHECKING:

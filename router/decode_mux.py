@@ -30,7 +30,7 @@ from pdserve.router.clock import Deadline
 from pdserve.v1 import decode_pb2
 
 if TYPE_CHECKING:
-    from pdserve.router.registry import Worker
+    from pdserve.router.worker import Worker
     from pdserve.v1.decode_pb2_grpc import DecodeAsyncStub
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from pdserve.router.decode_mux import rpc_error
-from pdserve.router.registry import Worker
+from pdserve.router.worker import Worker
 from pdserve.v1 import decode_pb2
 
 if TYPE_CHECKING:

@@ -49,10 +49,11 @@ from pdserve.router.placement.prefill_place import (
     place_prefill,
 )
 from pdserve.router.placement.roles import Roles
-from pdserve.router.registry import Registry, Worker
+from pdserve.router.registry import Registry
 from pdserve.router.remote_prefill import Chosen, RemotePrefill
 from pdserve.router.slo_admission import Slo, SloGate
 from pdserve.router.validation import ValidatedRequest
+from pdserve.router.worker import Worker
 from pdserve.v1 import common_pb2, decode_pb2
 
 if TYPE_CHECKING:

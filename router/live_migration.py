@@ -24,8 +24,9 @@ import grpc
 from pdserve.router import metrics
 from pdserve.router.aborts import Aborts
 from pdserve.router.clock import Deadline
-from pdserve.router.registry import NoHealthyWorkerError, Registry, Worker
+from pdserve.router.registry import NoHealthyWorkerError, Registry
 from pdserve.router.validation import ValidatedRequest
+from pdserve.router.worker import Worker
 from pdserve.v1 import decode_pb2
 
 if TYPE_CHECKING:

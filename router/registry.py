@@ -19,8 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic
 
 import grpc
 
@@ -32,12 +31,12 @@ from pdserve.router.placement.prefix_hash import PrefixHash
 from pdserve.router.placement.prefix_map import PrefixMap
 from pdserve.router.placement.worker_choice import (
     RoutingPolicy,
-    WorkerLoad,
     least_loaded,
     prefix_choice,
     rendezvous_choice,
 )
 from pdserve.router.targets import DnsTargets, Resolver, StaticTargets, parse_targets, resolve_dns
+from pdserve.router.worker import StubT, Worker
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 if TYPE_CHECKING:
@@ -47,14 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class LoadStub(Protocol):
-    @property
-    def Load(
-        self,
-    ) -> grpc.aio.UnaryUnaryMultiCallable[common_pb2.LoadRequest, common_pb2.LoadResponse]: ...
-
-
-StubT = TypeVar("StubT", bound=LoadStub)
 FAILED_POLLS_TO_UNHEALTHY = 3  # Load timeouts in a row before a worker is skipped
 
 
@@ -62,53 +53,6 @@ class NoHealthyWorkerError(RuntimeError):
     def __init__(self, tier: Tier) -> None:
         super().__init__(f"router: no healthy {tier.value} worker")
         self.tier = tier
-
-
-@dataclass(eq=False)
-class Worker(Generic[StubT]):
-    address: str
-    channel: grpc.aio.Channel
-    stub: StubT
-    healthy: bool = False
-    report: common_pb2.LoadResponse | None = None
-    in_flight: int = 0
-    dispatched_since_poll: int = 0
-    failed_polls: int = 0  # in a row
-    # Unhealthy only because its Load answers came late (a busy worker, not a dead one).
-    slow: bool = False
-    removed: bool = False
-    # Set while it leaves (out of the targets, or its Load says it drains): it is not picked,
-    # and prefills still queued for its reservations move elsewhere (remote_prefill.py).
-    leaving: asyncio.Event = field(default_factory=asyncio.Event)
-    answered_at: float | None = None  # time.monotonic() it was last heard from
-    given_up: bool = False  # its streams were failed over; until it answers again
-    # Prompts (and their tokens) the router sent it to prefill since its last load report.
-    sent_prompts: int = 0
-    sent_prompt_tokens: int = 0
-
-    @property
-    def staying(self) -> bool:
-        """Neither removed nor leaving: it may be given new work."""
-        return not (self.removed or self.leaving.is_set())
-
-    @property
-    def serving(self) -> bool:
-        """Healthy and staying: counted as the tier's capacity."""
-        return self.healthy and self.staying
-
-    def heard_from(self) -> None:
-        """Something came from it (a Load answer, a stream's delta): it is not silent."""
-        self.answered_at = time.monotonic()
-
-    def load(self) -> WorkerLoad:
-        report = self.report or common_pb2.LoadResponse()
-        return WorkerLoad(
-            num_waiting=report.num_waiting,
-            num_running=report.num_running,
-            num_free_blocks=report.num_free_blocks,
-            num_total_blocks=report.num_total_blocks,
-            dispatched_since_poll=self.dispatched_since_poll,
-        )
 
 
 class WorkerPool(Generic[StubT]):

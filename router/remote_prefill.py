@@ -38,8 +38,9 @@ from pdserve.router.aborts import Aborts
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RouterConfig, Tier
 from pdserve.router.decode_mux import rpc_error
-from pdserve.router.registry import Registry, Worker
+from pdserve.router.registry import Registry
 from pdserve.router.validation import ValidatedRequest
+from pdserve.router.worker import Worker
 from pdserve.v1 import common_pb2, decode_pb2, prefill_pb2
 
 if TYPE_CHECKING:

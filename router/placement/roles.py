@@ -29,7 +29,8 @@ from pdserve.core.serving.step_window_proto import step_windows_from_proto
 from pdserve.router import metrics
 from pdserve.router.config import Tier
 from pdserve.router.placement.adaptive import WorkerRole, WorkerState
-from pdserve.router.registry import NoHealthyWorkerError, Registry, Worker
+from pdserve.router.registry import NoHealthyWorkerError, Registry
+from pdserve.router.worker import Worker
 from pdserve.v1 import common_pb2
 
 if TYPE_CHECKING:
