@@ -85,6 +85,11 @@ class WorkerPool(Generic[StubT]):
             *message_limits(config.max_message_bytes),
             ("grpc.http2.bdp_probe", 0),
             *config.keepalive.channel_options(),  # a vanished worker fails its streams
+            # gRPC backs off reconnecting from 1 s up to 120 s: a worker restarted at a fixed
+            # address (or one not up yet when the router starts) would wait that long to be
+            # polled again. A refused connect costs nothing: try again within half a second.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 500),
         ]
         self._turn = 0
         self.prefix_map = prefix_map  # set under --routing-policy prefix (shared by both tiers)

@@ -68,23 +68,33 @@ async def _reserve_status(address: str) -> grpc.StatusCode:
 
 
 PREFILL_REQUESTS = 8  # four per prefill worker: some wait while one runs
+PREFILL_MAX_TOKENS = 8
 
 
 def test_a_draining_prefill_worker_finishes_its_prefills(
-    model_dir: Path, tmp_path: Path, prompts: list[list[int]]
+    model_dir: Path, tmp_path: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
     """prefill-0 gets SIGTERM while prompts wait or run on it: every request still ends with
-    its undisturbed greedy output, and the worker exits 0 once idle, not at the grace's end."""
+    transformers' greedy output, and the worker exits 0 once idle, not at the grace's end. No
+    prefix cache: the prompts repeat, and each must be prefilled whole."""
     logs = tmp_path / "logs"
     # A grace its prompts fit in on a busy 2-core host (5 s did not, with other clusters running):
     # the worker must exit once idle, well before it.
-    cluster = start_cluster(model_dir, logs, num_prefill=2, num_decode=1, drain_grace_seconds=60.0)
+    cluster = start_cluster(
+        model_dir,
+        logs,
+        num_prefill=2,
+        num_decode=1,
+        worker_args=(*WORKER_ARGS, "--no-prefix-cache"),
+        drain_grace_seconds=60.0,
+    )
     draining = cluster.prefill[0]
-    work = [prompts[4 + i % 4][i:] for i in range(PREFILL_REQUESTS)]  # 63..500 tokens, distinct
+    indices = [4 + i % 4 for i in range(PREFILL_REQUESTS)]  # 63..500 tokens
+    work = [prompts[index] for index in indices]
     try:
-        undisturbed = asyncio.run(greedy_outputs(cluster, work, max_tokens=8))
+        expected = [hf_greedy[index][:PREFILL_MAX_TOKENS] for index in indices]
         # It finished its prompts: the grace did not cut them.
-        _drains_with_outputs(cluster, work, undisturbed, draining, _has_prompts)
+        _drains_with_outputs(cluster, work, expected, draining, _has_prompts)
     finally:
         cluster.stop()
 
