@@ -98,6 +98,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pdserve.bench.pods.cpu_limit",
         "decode pods under CPU limits (--pod-cpus): one 0.5 pod vs one 1.0 vs two 0.5",
     ),
+    "detokenizer": (
+        "pdserve.bench.micro.detokenizer",
+        "the engine's per-token text cost at output lengths 100-4,000: stream vs whole decode",
+    ),
     "gemm-backend": (
         "pdserve.bench.micro.gemm_backend",
         "CPU matmuls on oneDNN vs F.linear (A/B, fresh processes)",
