@@ -18,6 +18,7 @@ from pdserve.bench.arg_types import positive_int, positive_ints
 from pdserve.bench.offline import decode as offline_decode
 from pdserve.bench.offline import profile_report as offline_profile_report
 from pdserve.bench.offline import report as offline_report
+from pdserve.bench.offline.bounds import measure_bounds
 from pdserve.bench.offline.engines import EngineKind, EngineRun, load_engine, time_run
 from pdserve.bench.offline.workload import (
     WORKLOAD_DIR,
@@ -66,7 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument(
         "--profile",
         action="store_true",
-        help="time the parts of the continuous engine's steps over the workload",
+        help="time the parts of the continuous engine's steps over the workload, each beside the "
+        "floor of the bytes and flops it must handle (one profile per --max-batch)",
+    )
+    parser.add_argument(
+        "--num-requests",
+        type=positive_int,
+        help="--profile: the workload's first N requests (default: all)",
     )
     parser.add_argument(
         "--decode-steps",
@@ -92,13 +99,32 @@ def run(args: argparse.Namespace) -> int:
         print(offline_decode.report(result))
         return 0
     if args.profile:
-        groups = offline_profile_report.profile_workload(model_dir, workload, batches[0])
-        print(f"profile: continuous, B={batches[0]}, {args.workload.name}")
-        print(offline_profile_report.profile_report(groups))
+        _profile(args, model_dir, workload, batches)
         return 0
     runs = _throughput(args, model_dir, workload, engines, batches)
     _report(args, runs)
     return 0
+
+
+def _profile(
+    args: argparse.Namespace,
+    model_dir: Path,
+    workload: list[WorkloadRequest],
+    batches: list[int],
+) -> None:
+    """Per max batch, the first `--num-requests` requests (all by default), each part beside
+    its floor on this host's bounds, measured first."""
+    bounds = measure_bounds()
+    print(offline_profile_report.bounds_report(bounds))
+    requests = workload[: args.num_requests]
+    for max_batch in batches:
+        load = os.getloadavg()[0]
+        groups = offline_profile_report.profile_workload(model_dir, requests, max_batch)
+        print(
+            f"\nprofile: continuous, B={max_batch}, {args.workload.name}, "
+            f"{len(requests)} requests, load average {load:.2f} before"
+        )
+        print(offline_profile_report.profile_report(groups, bounds))
 
 
 def _throughput(

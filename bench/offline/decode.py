@@ -1,8 +1,7 @@
 """Batch-1 decode step time of pdserve's engine against the memory-bandwidth floor.
 
 A batch-1 decode step has to read every weight once, so `weight bytes / memory bandwidth` is the
-fastest it can go. The bandwidth is measured in the same run with a large torch copy and counted
-STREAM-style: bytes read + bytes written, divided by the time of the copy.
+fastest it can go. The bandwidth is measured in the same run (bench/offline/bounds.py).
 """
 
 from __future__ import annotations
@@ -16,14 +15,12 @@ from typing import Any
 
 import torch
 
+from pdserve.bench.offline.bounds import measure_copy_bandwidth
 from pdserve.bench.offline.engines import BLOCK_SIZE, FLOAT32, Precision
 from pdserve.core.llm import LLM
 from pdserve.core.model.forward import CausalLM
 from pdserve.core.model.gemm import weight_bytes
 from pdserve.core.sampling_params import SamplingParams
-
-COPY_BYTES = 1 << 30
-COPY_REPEATS = 7
 
 
 @dataclass(frozen=True)
@@ -49,19 +46,6 @@ class DecodeStepResult:
     @property
     def ratio(self) -> float:
         return self.median_step / self.floor_seconds
-
-
-def measure_copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = COPY_REPEATS) -> float:
-    """Median (read + write) bytes/s of copying one `nbytes` tensor into another."""
-    source = torch.ones(nbytes // 4, dtype=torch.float32)
-    target = torch.empty_like(source)
-    target.copy_(source)  # touch every page first
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        target.copy_(source)
-        times.append(time.perf_counter() - start)
-    return 2 * nbytes / statistics.median(times)
 
 
 def model_weight_bytes(model: CausalLM) -> int:

@@ -10,6 +10,10 @@ lists -> tensors), the model forward split into matmuls (every `F.linear`, lm_he
 attention (decode / prefill kernels), KV writes, rotary, RMS norm and the rest of the forward
 (embedding, SiLU*up, residual adds, views and the Python of the layer loop), sampling, and the
 engine's bookkeeping after the forward (appending tokens, stop checks, detokenizing).
+
+The forward's parts also count what they must move and compute (bench/offline/part_costs.py),
+from their arguments, outside their timers: the seconds spent counting are kept apart
+(`accounting`) and left out of every part and of the step.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 import pdserve.core.model.forward as model_module
 import pdserve.core.model_runner as runner_module
+from pdserve.bench.offline import part_costs
+from pdserve.bench.offline.part_costs import Work
 from pdserve.core.llm import LLM
 
 FORWARD_PARTS = (
@@ -44,6 +50,8 @@ class StepRecord:
     num_sampled: int = 0
     has_prefill: bool = False
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    flops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 class StepTimers:
@@ -51,11 +59,26 @@ class StepTimers:
         self.steps: list[StepRecord] = []
         self.current = StepRecord()
 
-    def wrap(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(
+        self,
+        name: str,
+        function: Callable[..., Any],
+        work: Callable[..., Work] | None = None,
+    ) -> Callable[..., Any]:
+        """Times every call of `function` as part `name`; `work(*args, **kwargs)` counts what
+        the call must move and compute."""
+
         def timed(*args: Any, **kwargs: Any) -> Any:
+            record = self.current
+            if work is not None:
+                counting = time.perf_counter()
+                done = work(*args, **kwargs)
+                record.bytes[name] += done.bytes
+                record.flops[name] += done.flops
+                record.seconds["accounting"] += time.perf_counter() - counting
             start = time.perf_counter()
             result = function(*args, **kwargs)
-            self.current.seconds[name] += time.perf_counter() - start
+            record.seconds[name] += time.perf_counter() - start
             return result
 
         return timed
@@ -96,18 +119,18 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
         (runner, "execute", timers.wrap("execute", runner.execute)),
         (runner, "_build_batch", timers.note_batch(runner._build_batch)),
         (model, "forward", timers.wrap("forward", model.forward)),
-        (model, "_rms_norm", timers.wrap("rms_norm", model._rms_norm)),
+        (model, "_rms_norm", timers.wrap("rms_norm", model._rms_norm, part_costs.rms_norm_work)),
     ]
     module_patches: list[tuple[ModuleType, str, object]] = [
         *(
-            (module, name, timers.wrap(label, getattr(module, name)))
-            for module, name, label in (
-                (model_module, "linear", "linear"),
-                (model_module, "write_kv", "write_kv"),
-                (model_module, "apply_rotary", "rotary"),
-                (model_module, "run_planned_decode", "attention_decode"),
-                (model_module, "paged_attention_prefill", "attention_prefill"),
-                (runner_module, "sample", "sample"),
+            (module, name, timers.wrap(label, getattr(module, name), work))
+            for module, name, label, work in (
+                (model_module, "linear", "linear", part_costs.linear_work),
+                (model_module, "write_kv", "write_kv", _write_kv_work),
+                (model_module, "apply_rotary", "rotary", part_costs.rotary_work),
+                (model_module, "run_planned_decode", "attention_decode", _decode_work),
+                (model_module, "paged_attention_prefill", "attention_prefill", _prefill_work),
+                (runner_module, "sample", "sample", None),
             )
         ),
     ]
@@ -121,3 +144,29 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
             delattr(target, name)  # the class's method shows through again
         for module, name, original in originals:
             setattr(module, name, original)
+
+
+# The wrapped functions' signatures, mapped onto what part_costs needs of them.
+
+
+def _write_kv_work(k: Any, v: Any, k_cache: Any, *_: Any, **__: Any) -> Work:
+    return part_costs.write_kv_work(k, v, k_cache)
+
+
+def _decode_work(q: Any, k_cache: Any, _v_cache: Any, plan: Any, *_: Any, **__: Any) -> Work:
+    return part_costs.decode_attention_work(q, k_cache, plan)
+
+
+def _prefill_work(
+    q: Any,
+    k_cache: Any,
+    _v_cache: Any,
+    _block_tables: Any,
+    query_start_loc: Any,
+    context_lens: Any,
+    _scale: float,
+    sliding_window: int | None = None,
+) -> Work:
+    return part_costs.prefill_attention_work(
+        q, k_cache, query_start_loc, context_lens, sliding_window
+    )

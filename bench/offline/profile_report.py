@@ -1,4 +1,5 @@
-"""Turns the step timers of a profiled run into exclusive parts that add up to the step time."""
+"""Turns the step timers of a profiled run into exclusive parts that add up to the step time, each
+beside the floor of what it must move and compute on this host (bench/offline/bounds.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdserve.bench.offline.bounds import HostBounds
 from pdserve.bench.offline.engines import EngineKind, build_llm, greedy_params
 from pdserve.bench.offline.profile import FORWARD_PARTS, StepRecord, instrumented
 from pdserve.bench.offline.workload import WorkloadRequest
@@ -23,13 +25,20 @@ PARTS = (
 
 
 def exclusive_parts(record: StepRecord) -> dict[str, float]:
-    """Each part's own seconds: the `*_other` parts are what the named parts leave over."""
+    """Each part's own seconds: the `*_other` parts are what the named parts leave over (the
+    profile's own counting left out)."""
     s = record.seconds
     parts = {name: s[name] for name in ("schedule", "build_batch", *FORWARD_PARTS, "sample")}
-    parts["forward_other"] = s["forward"] - sum(s[name] for name in FORWARD_PARTS)
+    forward = s["forward"] - s["accounting"]
+    parts["forward_other"] = forward - sum(s[name] for name in FORWARD_PARTS)
     parts["runner_other"] = s["execute"] - s["build_batch"] - s["forward"] - s["sample"]
     parts["engine_other"] = s["step"] - s["schedule"] - s["execute"]
     return parts
+
+
+def step_seconds(record: StepRecord) -> float:
+    """The step's time without the profile's own counting."""
+    return record.seconds["step"] - record.seconds["accounting"]
 
 
 @dataclass(frozen=True)
@@ -39,10 +48,16 @@ class StepGroup:
 
     @property
     def total(self) -> float:
-        return float(sum(step.seconds["step"] for step in self.steps))
+        return float(sum(step_seconds(step) for step in self.steps))
 
     def part_total(self, part: str) -> float:
         return sum(exclusive_parts(step)[part] for step in self.steps)
+
+    def part_bytes(self, part: str) -> int:
+        return sum(step.bytes.get(part, 0) for step in self.steps)
+
+    def part_flops(self, part: str) -> int:
+        return sum(step.flops.get(part, 0) for step in self.steps)
 
 
 def profile_workload(
@@ -62,7 +77,7 @@ def profile_workload(
     ]
 
 
-def group_report(group: StepGroup) -> str:
+def group_report(group: StepGroup, bounds: HostBounds) -> str:
     if not group.steps:
         return f"{group.label}: none"
     count = len(group.steps)
@@ -72,15 +87,36 @@ def group_report(group: StepGroup) -> str:
         f"{group.label}: {count} steps, {seqs:.1f} sequences/step on average, "
         f"{group.total:.2f} s, {1e3 * group.total / count:.2f} ms/step, "
         f"{tokens / group.total:.1f} sampled tokens/s",
-        f"  {'part':<18} {'ms/step':>9} {'share':>7}",
+        f"  {'part':<18} {'ms/step':>9} {'share':>7} {'MB/step':>9} {'MFLOP/step':>11}"
+        f" {'floor ms':>9} {'x floor':>8}",
     ]
+    floors = 0.0
     for part in PARTS:
         seconds = group.part_total(part)
-        lines.append(
-            f"  {part:<18} {1e3 * seconds / count:>9.2f} {100 * seconds / group.total:>6.1f}%"
-        )
+        line = f"  {part:<18} {1e3 * seconds / count:>9.2f} {100 * seconds / group.total:>6.1f}%"
+        nbytes, flops = group.part_bytes(part), group.part_flops(part)
+        if nbytes or flops:
+            floor = bounds.floor_seconds(nbytes, flops)
+            floors += floor
+            line += (
+                f" {nbytes / count / 1e6:>9.2f} {flops / count / 1e6:>11.1f}"
+                f" {1e3 * floor / count:>9.3f} {seconds / floor:>8.1f}"
+            )
+        lines.append(line)
+    lines.append(
+        f"  {'step':<18} {1e3 * group.total / count:>9.2f} {'':>7} {'':>9} {'':>11}"
+        f" {1e3 * floors / count:>9.3f} {group.total / floors:>8.1f}"
+    )
     return "\n".join(lines)
 
 
-def profile_report(groups: list[StepGroup]) -> str:
-    return "\n\n".join(group_report(group) for group in groups)
+def bounds_report(bounds: HostBounds) -> str:
+    return (
+        f"host bounds: copy bandwidth {bounds.copy_bandwidth / 1e9:.1f} GB/s (read + written), "
+        f"matmul peak {bounds.peak_flops / 1e9:.1f} GFLOP/s; a part's floor is the larger of "
+        "its bytes / bandwidth and its flops / peak (parts without a count have none)"
+    )
+
+
+def profile_report(groups: list[StepGroup], bounds: HostBounds) -> str:
+    return "\n\n".join(group_report(group, bounds) for group in groups)
