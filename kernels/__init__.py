@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
-from . import _backend, torch_attention, torch_decode, torch_kv
-from ._checks import check_attention_args, check_decode_q
+from . import _backend, cpu_decode, torch_attention, torch_decode, torch_kv
+from ._checks import check_attention_args, check_context_lens, check_decode_q
 from .kv_quant import is_quantized
 
 __all__ = [
+    "DecodeBackend",
     "DecodePlan",
     "copy_blocks",
     "paged_attention_decode",
@@ -28,6 +30,12 @@ __all__ = [
 ]
 
 
+class DecodeBackend(Enum):
+    TRITON = "triton"
+    CPU_KERNEL = "cpu_kernel"  # cpu_decode.cpp
+    TORCH = "torch"
+
+
 @dataclass(frozen=True)
 class DecodePlan:
     """A decode step's attention metadata, prepared once and shared by every layer."""
@@ -35,7 +43,18 @@ class DecodePlan:
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     sliding_window: int | None
-    torch_plan: torch_decode.TorchDecodePlan | None  # None where the Triton kernel runs
+    backend: DecodeBackend
+    torch_plan: torch_decode.TorchDecodePlan | None  # set where the torch path runs
+
+
+def decode_backend(device: torch.device, dtype: torch.dtype, int8_kv: bool) -> DecodeBackend:
+    """Triton on CUDA, the CPU kernel for float32 on the CPU where it is built, torch otherwise
+    (`int8_kv`: the step's cache is int8, which only the torch path reads)."""
+    if _backend.use_triton(device, int8_kv):
+        return DecodeBackend.TRITON
+    if cpu_decode.usable(dtype, device, int8_kv):
+        return DecodeBackend.CPU_KERNEL
+    return DecodeBackend.TORCH
 
 
 def plan_decode(
@@ -44,15 +63,19 @@ def plan_decode(
     block_size: int,
     sliding_window: int | None = None,
     int8_kv: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> DecodePlan:
-    """Validates and prepares a step's decode metadata (torch: per-bucket gather indices);
-    `int8_kv`: the step's cache is int8 (the torch path runs)."""
+    """Validates and prepares a step's decode metadata for queries of `dtype` (torch: per-bucket
+    gather indices)."""
+    backend = decode_backend(block_tables.device, dtype, int8_kv)
     torch_plan = None
-    if not _backend.use_triton(block_tables.device, int8_kv):
+    if backend is DecodeBackend.CPU_KERNEL:  # the kernel trusts the lengths: checked here
+        check_context_lens(context_lens.tolist(), block_tables.shape[1], block_size)
+    if backend is DecodeBackend.TORCH:
         torch_plan = torch_decode.plan_decode(
             block_tables, context_lens, block_size, sliding_window
         )
-    return DecodePlan(block_tables, context_lens, sliding_window, torch_plan)
+    return DecodePlan(block_tables, context_lens, sliding_window, backend, torch_plan)
 
 
 def run_planned_decode(
@@ -64,7 +87,7 @@ def run_planned_decode(
     checked: bool = False,
 ) -> torch.Tensor:
     """`paged_attention_decode` of one layer with the step's plan; `checked` as for `write_kv`."""
-    if plan.torch_plan is None:
+    if plan.backend is DecodeBackend.TRITON:
         from . import triton_decode
 
         return triton_decode.decode_attention(
@@ -75,6 +98,10 @@ def run_planned_decode(
             q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
         )
         check_decode_q(q, shape)
+    if plan.torch_plan is None:  # the CPU kernel
+        return cpu_decode.decode_attention(
+            q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
+        )
     return torch_decode.run_decode(q, k_cache, v_cache, plan.torch_plan, scale)
 
 
@@ -88,10 +115,20 @@ def paged_attention_decode(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """One query per sequence over its paged K/V: `[num_seqs, heads, dim]` in q's dtype."""
-    if _backend.use_triton(q.device, is_quantized(k_cache)):
+    backend = decode_backend(q.device, q.dtype, is_quantized(k_cache))
+    if backend is DecodeBackend.TRITON:
         from . import triton_decode
 
         return triton_decode.decode_attention(
+            q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
+        )
+    if backend is DecodeBackend.CPU_KERNEL:
+        shape = check_attention_args(
+            q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
+        )
+        check_decode_q(q, shape)
+        check_context_lens(context_lens.tolist(), shape.max_blocks_per_seq, shape.block_size)
+        return cpu_decode.decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
         )
     return torch_decode.decode_attention(

@@ -120,17 +120,24 @@ def check_query_start_loc(query_start_loc: torch.Tensor, q: torch.Tensor, num_se
     )
 
 
-def check_lengths(
-    context_lens: list[int], query_lens: list[int] | None, shape: AttentionShape
-) -> None:
-    """Value checks, for implementations that hold the lengths on the host anyway."""
-    capacity = shape.max_blocks_per_seq * shape.block_size
+def check_context_lens(context_lens: list[int], max_blocks_per_seq: int, block_size: int) -> None:
+    """Every length within what its block-table row holds: a kernel that trusts them reads no
+    block the row does not name."""
+    capacity = max_blocks_per_seq * block_size
     for seq, length in enumerate(context_lens):
         require(
             1 <= length <= capacity,
             f"context_lens[{seq}]: {length} is outside 1..{capacity} "
-            f"(block_tables has {shape.max_blocks_per_seq} blocks of {shape.block_size})",
+            f"(block_tables has {max_blocks_per_seq} blocks of {block_size})",
         )
+
+
+def check_lengths(
+    context_lens: list[int], query_lens: list[int] | None, shape: AttentionShape
+) -> None:
+    """Value checks, for implementations that hold the lengths on the host anyway."""
+    check_context_lens(context_lens, shape.max_blocks_per_seq, shape.block_size)
+    for seq, length in enumerate(context_lens):
         if query_lens is not None:
             require(
                 0 <= query_lens[seq] <= length,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_attention_args, check_decode_q
+from ._checks import check_attention_args, check_context_lens, check_decode_q
 from .kv_quant import readable
 
 # What one more bucket costs per layer (two gathers and one SDPA call more), in padded key tokens
@@ -49,13 +49,7 @@ def plan_decode(
 ) -> TorchDecodePlan:
     """The per-step part of decode attention: validated lengths -> per-bucket gather indices."""
     lens = context_lens.tolist()
-    capacity = block_tables.shape[1] * block_size
-    for seq, length in enumerate(lens):
-        if not 1 <= length <= capacity:
-            raise ValueError(
-                f"context_lens[{seq}]: {length} is outside 1..{capacity} "
-                f"(block_tables has {block_tables.shape[1]} blocks of {block_size})"
-            )
+    check_context_lens(lens, block_tables.shape[1], block_size)
     visible = [length if sliding_window is None else min(length, sliding_window) for length in lens]
     order = sorted(range(len(lens)), key=lambda seq: -visible[seq])
     groups = bucket_groups([visible[seq] for seq in order])

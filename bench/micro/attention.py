@@ -1,4 +1,5 @@
-"""Decode attention: pdserve's torch path vs the alternatives, and (GPU) Triton's KV bandwidth.
+"""Decode attention: pdserve's CPU kernel and torch path vs the alternatives, and (GPU) Triton's KV
+bandwidth.
 
     .venv/bin/pdserve bench attention [--seqs 16] [--context 500] [--dtype float32]
 
@@ -6,8 +7,11 @@ Default shape is the serving model's (SmolLM2-135M: 9 heads, 3 KV heads, head_di
 16 sequences with contexts drawn from context +- 10%, blocks scattered over the pool. Prints ms per
 call (median and min of --repeats, candidates interleaved round by round) and KV bytes read per
 second, side by side:
-- torch decode (length buckets + SDPA): the shipped CPU path, pdserve.kernels.torch_decode
-  (plan and run in one call here; the model plans once per step);
+- cpu kernel (float32 on the CPU, where ./setup.sh built it): pdserve.kernels.cpu_decode, the
+  path float32 CPU serving takes;
+- torch decode (length buckets + SDPA): pdserve.kernels.torch_decode, the CPU path for bfloat16,
+  float16, int8 KV caches and hosts without a compiler (plan and run in one call here; the model
+  plans once per step);
 - torch decode (matmuls): one padded gather + mask with explicit matmuls + softmax, the
   alternative that SDPA was chosen over;
 - reference: one sequence at a time, pdserve.kernels.reference;
@@ -24,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from pdserve.kernels import torch_attention, torch_decode
+from pdserve.kernels import cpu_decode, torch_attention, torch_decode
 from pdserve.kernels.reference import reference_decode
 from pdserve.testing.kernel_cases import HeadConfig, PagedAttentionCase, make_paged_case
 
@@ -83,10 +87,11 @@ def build_case(args: argparse.Namespace, device: torch.device) -> PagedAttention
 
 def candidates(case: PagedAttentionCase, device: torch.device) -> dict[str, Callable[[], object]]:
     args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale)
-    calls: dict[str, Callable[[], object]] = {
-        "torch decode (length buckets + SDPA, shipped)": lambda: torch_decode.decode_attention(
-            *args
-        ),
+    calls: dict[str, Callable[[], object]] = {}
+    if cpu_decode.usable(case.q.dtype, device, int8_kv=False):
+        calls["cpu kernel"] = lambda: cpu_decode.decode_attention(*args, None)
+    calls |= {
+        "torch decode (length buckets + SDPA)": lambda: torch_decode.decode_attention(*args),
         "torch decode (matmuls)": lambda: matmul_decode(case),
         "reference (per sequence)": lambda: reference_decode(*args),
     }

@@ -96,6 +96,7 @@ class CausalLM:
             kv_cache.layout.block_size,
             self.config.sliding_window,
             int8_kv=is_quantized(kv_cache.tensor),
+            dtype=self.dtype,
         )
 
     def _add_norm(

@@ -1,4 +1,5 @@
-"""Torch paged attention (the CPU serving path) against the per-sequence reference."""
+"""Torch paged attention (the CPU path for what the CPU kernel does not run: bfloat16, float16,
+int8 KV caches, no compiler) against the per-sequence reference."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ DTYPES = list(TOLERANCES)
 def test_decode_at_block_edges(block_size: int, head_dim: int) -> None:
     edges = [1, block_size - 1, block_size, block_size + 1, 2 * block_size, 300]
     case = make_paged_case(edges, HeadConfig(8, 2, head_dim, block_size))
-    check_decode(paged_attention_decode, case, None)
+    check_decode(torch_decode.decode_attention, case, None)
 
 
 lengths = st.lists(st.integers(1, 300), min_size=1, max_size=5)
@@ -57,7 +58,7 @@ def test_decode_matches_reference(
     seed: int,
 ) -> None:
     case = make_paged_case(lens, HeadConfig(*heads, head_dim, block_size), dtype, seed=seed)
-    check_decode(paged_attention_decode, case, window)
+    check_decode(torch_decode.decode_attention, case, window)
 
 
 @st.composite
@@ -132,7 +133,7 @@ def test_decode_in_several_length_buckets(window: int | None) -> None:
     plan = torch_decode.plan_decode(case.block_tables, case.context_lens, 16, window)
     assert len(plan.buckets) == (1 if window else 2)
     assert sorted(int(row) for bucket in plan.buckets for row in bucket.rows) == list(range(7))
-    check_decode(paged_attention_decode, case, window)
+    check_decode(torch_decode.decode_attention, case, window)
 
 
 def test_blocks_before_the_window_are_never_read() -> None:
