@@ -13,6 +13,8 @@ mechanism each).
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 from pdserve.commands import CommandGroup
 
@@ -113,4 +115,7 @@ GROUP = CommandGroup("benchmark", BENCHMARKS)
 
 
 def run(args: argparse.Namespace) -> int:
+    # A `timeout` or `kill` (SIGTERM) unwinds like Ctrl-C: the clusters, servers and peers a
+    # benchmark started are stopped by its `finally` blocks, not left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return GROUP.load(args.benchmark).run(args)

@@ -15,7 +15,12 @@ from enum import Enum
 import torch
 
 from . import _backend, cpu_decode, torch_attention, torch_decode, torch_kv
-from ._checks import check_attention_args, check_context_lens, check_decode_q
+from ._checks import (
+    check_attention_args,
+    check_block_ids,
+    check_context_lens,
+    check_decode_q,
+)
 from .kv_quant import is_quantized
 
 __all__ = [
@@ -99,6 +104,8 @@ def run_planned_decode(
         )
         check_decode_q(q, shape)
     if plan.torch_plan is None:  # the CPU kernel
+        if not checked:
+            check_block_ids(plan.block_tables, k_cache.shape[0])
         return cpu_decode.decode_attention(
             q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
         )
@@ -128,6 +135,7 @@ def paged_attention_decode(
         )
         check_decode_q(q, shape)
         check_context_lens(context_lens.tolist(), shape.max_blocks_per_seq, shape.block_size)
+        check_block_ids(block_tables, k_cache.shape[0])
         return cpu_decode.decode_attention(
             q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window
         )

@@ -132,6 +132,18 @@ def check_context_lens(context_lens: list[int], max_blocks_per_seq: int, block_s
         )
 
 
+def check_block_ids(block_tables: torch.Tensor, num_blocks: int) -> None:
+    """Every id a block of the cache: for a kernel that reads where the table points without
+    bounds checks (one reduction a step, not a layer)."""
+    if block_tables.numel() == 0:
+        return
+    low, high = int(block_tables.min()), int(block_tables.max())
+    require(
+        low >= 0 and high < num_blocks,
+        f"block_tables: ids {low}..{high}, the cache has blocks 0..{num_blocks - 1}",
+    )
+
+
 def check_lengths(
     context_lens: list[int], query_lens: list[int] | None, shape: AttentionShape
 ) -> None:

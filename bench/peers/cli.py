@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -112,8 +111,6 @@ def run(args: argparse.Namespace) -> int:
     if inputs is None:
         return 2
     workload, model_dir = inputs
-    # A `timeout` (SIGTERM) unwinds like Ctrl-C, so llama-server is stopped, not orphaned.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     peer = peers_llama.Peer(args.cache)
     peers_llama.ensure_built(peer)
     gguf = peers_llama.ensure_gguf(peer, model_dir, args.gguf)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdserve.kernels import DecodeBackend, cpu_decode, plan_decode
+from pdserve.kernels import DecodeBackend, cpu_decode, paged_attention_decode, plan_decode
 from pdserve.testing.kernel_cases import HeadConfig, check_decode, make_paged_case
 
 SMOLLM2 = HeadConfig(9, 3, 64, 16)  # the default model: 9 query heads over 3 KV heads
@@ -59,6 +59,16 @@ def test_matches_reference(
 ) -> None:
     case = make_paged_case(lens, HeadConfig(*heads, head_dim, block_size), seed=seed)
     check_decode(cpu_decode.decode_attention, case, window)
+
+
+def test_a_block_id_outside_the_cache_is_refused_before_the_kernel_reads() -> None:
+    case = make_paged_case([40, 20], SMOLLM2)
+    tables = case.block_tables.clone()
+    tables[1, 0] = case.k_cache.shape[0]  # one past the last block
+    with pytest.raises(ValueError, match=r"^block_tables: ids"):
+        paged_attention_decode(
+            case.q, case.k_cache, case.v_cache, tables, case.context_lens, case.scale
+        )
 
 
 @pytest.fixture
