@@ -27,6 +27,7 @@ PLACEMENTS = "pdserve_router_prefill_placements_total"
 ROLE_CHANGES = "pdserve_router_role_changes_total"
 LOCAL_PREFILLS = "pdserve_decode_local_prefills_total"
 STREAM_TOKENS = 40
+LEND_AGAIN_TRIES = 3
 
 
 async def _beside_a_stream(
@@ -82,11 +83,15 @@ def test_adaptive_placement_lends_the_prefill_worker_and_takes_it_back(
 
         # Its streams done, it is taken back at the next decision, then lent again.
         asyncio.run(asyncio.sleep(2 * POLL_S))
-        # The longer prompts (63..500 tokens): short ones are cheaper prefilled beside the
-        # stream on decode itself, so whether they lend the idle worker hangs on the host's speed.
-        longer = prompts[4:8]
-        again = asyncio.run(_beside_a_stream(cluster, prompts[1], longer, max_new_tokens))
-        assert again == (STREAM_TOKENS, hf_greedy[4:8])
+        # Whether one burst lends it hangs on the decisions' timing against the measured steps
+        # (the short prompts are as cheap prefilled beside the stream on decode itself): up to
+        # three bursts, each with transformers' outputs, until it is lent again.
+        for _ in range(LEND_AGAIN_TRIES):
+            again = asyncio.run(_beside_a_stream(cluster, prompts[1], prompts, max_new_tokens))
+            assert again == (STREAM_TOKENS, hf_greedy)
+            if labelled_metric(router, ROLE_CHANGES, role="decode") >= 2:
+                break
+            wait_all_blocks_free(cluster)
         assert labelled_metric(router, ROLE_CHANGES, role="prefill") >= 1
         assert labelled_metric(router, ROLE_CHANGES, role="decode") >= 2
         wait_all_blocks_free(cluster)
