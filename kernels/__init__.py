@@ -103,12 +103,13 @@ def run_planned_decode(
             q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
         )
         check_decode_q(q, shape)
-    if plan.torch_plan is None:  # the CPU kernel
+    if plan.backend is DecodeBackend.CPU_KERNEL:
         if not checked:
             check_block_ids(plan.block_tables, k_cache.shape[0])
         return cpu_decode.decode_attention(
             q, k_cache, v_cache, plan.block_tables, plan.context_lens, scale, plan.sliding_window
         )
+    assert plan.torch_plan is not None  # planned for the torch path
     return torch_decode.run_decode(q, k_cache, v_cache, plan.torch_plan, scale)
 
 
