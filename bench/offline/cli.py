@@ -19,12 +19,20 @@ from pdserve.bench.offline import decode as offline_decode
 from pdserve.bench.offline import profile_report as offline_profile_report
 from pdserve.bench.offline import report as offline_report
 from pdserve.bench.offline.bounds import measure_bounds
-from pdserve.bench.offline.engines import EngineKind, EngineRun, load_engine, time_run
+from pdserve.bench.offline.engines import (
+    EngineKind,
+    EngineRun,
+    Precision,
+    load_engine,
+    time_run,
+)
 from pdserve.bench.offline.workload import (
     WORKLOAD_DIR,
     WorkloadRequest,
     workload_and_model,
 )
+from pdserve.core.kv.cache import DTYPES
+from pdserve.core.model.precision import QUANTIZATIONS
 
 T = TypeVar("T")
 
@@ -52,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", help="model folder (default: the prepared SmolLM2-135M)")
     parser.add_argument("--repeat", type=positive_int, default=1, help="timed passes per engine")
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="ours: model/KV dtype"
+    )
+    parser.add_argument(
+        "--quantization", default="none", choices=QUANTIZATIONS, help="ours: weight quantization"
+    )
     parser.add_argument(
         "--threads", type=positive_int, help="torch.set_num_threads (default: torch's)"
     )
@@ -94,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     batches = _flatten(args.max_batch) or [16]
     if args.batch1_decode:
         result = offline_decode.measure_batch1_decode(
-            model_dir, list(workload[0].prompt), args.decode_steps
+            model_dir, list(workload[0].prompt), args.decode_steps, _precision(args)
         )
         print(offline_decode.report(result))
         return 0
@@ -119,9 +133,10 @@ def _profile(
     requests = workload[: args.num_requests]
     for max_batch in batches:
         load = os.getloadavg()[0]
-        groups = offline_profile_report.profile_workload(model_dir, requests, max_batch)
+        precision = _precision(args)
+        groups = offline_profile_report.profile_workload(model_dir, requests, max_batch, precision)
         print(
-            f"\nprofile: continuous, B={max_batch}, {args.workload.name}, "
+            f"\nprofile: continuous, B={max_batch}, {precision.label}, {args.workload.name}, "
             f"{len(requests)} requests, load average {load:.2f} before"
         )
         print(offline_profile_report.profile_report(groups, bounds))
@@ -136,10 +151,11 @@ def _throughput(
 ) -> list[EngineRun]:
     """Per max batch: load every engine, then time them in turn, `--repeat` rounds."""
     log = sys.stderr if args.json else sys.stdout
-    extra = {"threads": torch.get_num_threads()}
+    precision = _precision(args)
+    extra = {"threads": torch.get_num_threads(), "weights": precision.label}
     runs = []
     for max_batch in batches:
-        loaded = [load_engine(kind, model_dir, workload, max_batch) for kind in engines]
+        loaded = [load_engine(kind, model_dir, workload, max_batch, precision) for kind in engines]
         for repeat in range(args.repeat):
             for engine in loaded:
                 load_1m = os.getloadavg()[0]
@@ -163,6 +179,10 @@ def _report(args: argparse.Namespace, runs: list[EngineRun]) -> None:
     if args.plot:
         offline_report.plot(summaries, args.plot, f"offline throughput, {args.workload.name}")
         print(f"plot: {args.plot}", file=log)
+
+
+def _precision(args: argparse.Namespace) -> Precision:
+    return Precision(args.dtype, args.quantization)
 
 
 def _engines(text: str) -> list[EngineKind]:

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.bench.offline.bounds import HostBounds
-from pdserve.bench.offline.engines import EngineKind, build_llm, greedy_params
+from pdserve.bench.offline.engines import (
+    FLOAT32,
+    EngineKind,
+    Precision,
+    build_llm,
+    greedy_params,
+)
 from pdserve.bench.offline.profile import FORWARD_PARTS, StepRecord, instrumented
 from pdserve.bench.offline.workload import WorkloadRequest
 
@@ -61,10 +67,13 @@ class StepGroup:
 
 
 def profile_workload(
-    model_dir: Path, workload: list[WorkloadRequest], max_batch: int
+    model_dir: Path,
+    workload: list[WorkloadRequest],
+    max_batch: int,
+    precision: Precision = FLOAT32,
 ) -> list[StepGroup]:
     """Runs the continuous engine over the workload with timers; steps grouped by kind."""
-    llm = build_llm(EngineKind.CONTINUOUS, model_dir, workload, max_batch)
+    llm = build_llm(EngineKind.CONTINUOUS, model_dir, workload, max_batch, precision)
     warmup = [list(workload[0].prompt[:8])]
     llm.generate(warmup, [greedy_params(WorkloadRequest(workload[0].prompt[:8], 4))])
     with instrumented(llm) as timers:

@@ -17,18 +17,24 @@ layout and MKL (docs/benchmarks.md, "Packed weights"); packed for 64 rows did no
 
 It replaces an MKL-only path (inputs of 3-15 rows padded to 16, and MKL's packed GEMM with every
 weight reordered for 16 rows: +0.5 GB resident) that paid 10-13 % on the earlier host class and
-lost to oneDNN at every row count here. Other devices and dtypes use `F.linear`. Int8 weight-only
-layers (`quantization="int8"`, see precision.py) run `_weight_int8pack_mm`.
+lost to oneDNN at every row count here. Other devices and dtypes use `F.linear`.
+
+Int8 weight-only layers (`quantization="int8"`, see precision.py) with float32 activations run our
+CPU kernel (kernels/cpu_int8_linear.py: its panel layout is packed here, once at load); where it
+is not built, or the activations are bfloat16 / float16, torch's `_weight_int8pack_mm` runs the
+plain [out, in] int8 layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 import torch.nn.functional as F
 
 from pdserve.core.model.precision import quantize_int8
+from pdserve.kernels import cpu_int8_linear
 
 # torch builds without oneDNN (mkldnn) fall back to F.linear
 ONEDNN_ON_CPU: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
@@ -37,22 +43,39 @@ ONEDNN_ON_CPU: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-un
 PACKED_FOR_ROWS = 16
 
 
+class WeightFormat(Enum):
+    FLOAT = "float"  # [out, in] in the model's dtype (oneDNN's packed layout for CPU float32)
+    INT8_PANELS = "int8 panels"  # cpu_int8_linear's panels, float32 activations
+    INT8_ROWS = "int8 rows"  # [out, in] int8 for torch's _weight_int8pack_mm
+
+
 @dataclass(frozen=True)
 class LinearWeight:
-    weight: torch.Tensor  # [out_features, in_features]; int8 when `scales` is set
+    weight: torch.Tensor  # laid out as `format` says
     bias: torch.Tensor | None
-    scales: torch.Tensor | None = None  # [out_features] int8 dequantization scales
+    scales: torch.Tensor | None = None  # int8 formats: per output channel (zero-padded in panels)
+    format: WeightFormat = WeightFormat.FLOAT
+    out_features: int = 0  # int8 panels: the channels before padding to whole panels
 
 
 def prepare(
     weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str = "none"
 ) -> LinearWeight:
     if quantization == "int8":
-        quantized, scales = quantize_int8(weight)
-        return LinearWeight(quantized, bias, scales)
+        return _prepare_int8(weight, bias)
     if PACKED_FOR_ROWS and _runs_on_onednn(weight, weight):
         weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACKED_FOR_ROWS)
     return LinearWeight(weight, bias)
+
+
+def _prepare_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearWeight:
+    quantized, scales = quantize_int8(weight)
+    if weight.dtype == torch.float32 and cpu_int8_linear.kernel() is not None:
+        packed = cpu_int8_linear.pack(quantized, scales)
+        return LinearWeight(
+            packed.panels, bias, packed.scales, WeightFormat.INT8_PANELS, packed.out_features
+        )
+    return LinearWeight(quantized, bias, scales, WeightFormat.INT8_ROWS)
 
 
 def cpu_float32_backend() -> str:
@@ -70,7 +93,12 @@ def weight_bytes(layer: LinearWeight) -> int:
 
 def linear(x: torch.Tensor, layer: LinearWeight) -> torch.Tensor:
     """`F.linear(x, layer.weight, layer.bias)`, on oneDNN for float32 on the CPU."""
-    if layer.scales is not None:
+    if layer.format is WeightFormat.INT8_PANELS:
+        assert layer.scales is not None
+        return cpu_int8_linear.int8_linear(
+            x, layer.weight, layer.scales, layer.out_features, layer.bias
+        )
+    if layer.format is WeightFormat.INT8_ROWS:
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x, layer.weight, layer.scales)
         return out if layer.bias is None else out + layer.bias
     if _runs_on_onednn(x, layer.weight):

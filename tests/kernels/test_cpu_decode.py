@@ -4,7 +4,6 @@ the model's shapes and beyond, and the dispatch that picks it."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -71,15 +70,6 @@ def test_a_block_id_outside_the_cache_is_refused_before_the_kernel_reads() -> No
         )
 
 
-@pytest.fixture
-def switched_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(cpu_decode.SWITCH, "off")
-    cpu_decode.kernel.cache_clear()
-    yield
-    monkeypatch.delenv(cpu_decode.SWITCH)
-    cpu_decode.kernel.cache_clear()
-
-
 def _backend(dtype: torch.dtype, int8_kv: bool = False) -> DecodeBackend:
     tables, lengths = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     return plan_decode(tables, lengths, 16, int8_kv=int8_kv, dtype=dtype).backend
@@ -91,6 +81,6 @@ def test_float32_runs_the_kernel_and_the_rest_runs_torch() -> None:
     assert _backend(torch.float32, int8_kv=True) is DecodeBackend.TORCH
 
 
-@pytest.mark.usefixtures("switched_off")
+@pytest.mark.usefixtures("cpu_kernels_off")
 def test_the_switch_keeps_the_torch_path() -> None:
     assert _backend(torch.float32) is DecodeBackend.TORCH

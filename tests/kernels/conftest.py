@@ -1,0 +1,25 @@
+"""Fixtures shared by the kernel tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pdserve.kernels import cpu_decode, cpu_int8_linear
+from pdserve.kernels.cpu_extensions import SWITCH
+
+
+def _forget_loaded_kernels() -> None:
+    cpu_decode.kernel.cache_clear()
+    cpu_int8_linear.kernel.cache_clear()
+
+
+@pytest.fixture
+def cpu_kernels_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`PDSERVE_CPU_KERNELS=off` for one test: every CPU kernel's torch path runs."""
+    monkeypatch.setenv(SWITCH, "off")
+    _forget_loaded_kernels()
+    yield
+    monkeypatch.delenv(SWITCH)
+    _forget_loaded_kernels()

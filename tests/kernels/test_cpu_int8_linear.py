@@ -1,0 +1,113 @@
+"""The int8-weight linear kernel (kernels/cpu_int8_linear.cpp) against float64 sums of the same
+dequantized weights, on both its paths, and the layer format `prepare` picks for it."""
+
+from __future__ import annotations
+
+import shutil
+from types import ModuleType
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdserve.core.model.gemm import WeightFormat, linear, prepare
+from pdserve.core.model.precision import quantize_int8
+from pdserve.kernels import cpu_int8_linear
+
+
+@pytest.fixture(scope="module")
+def module() -> ModuleType:
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler here: the kernel is never built, torch's op runs")
+    built = cpu_int8_linear.kernel()
+    assert built is not None, "not built: ./setup.sh builds it"
+    return built
+
+
+def _check(
+    module: ModuleType,
+    leading: tuple[int, ...],
+    out_features: int,
+    in_features: int,
+    with_bias: bool,
+    vectorized: bool,
+    seed: int = 0,
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    x = torch.randn(*leading, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator) if with_bias else None
+    quantized, scales = quantize_int8(weight)
+    packed = cpu_int8_linear.pack(quantized, scales)
+    dequantized = quantized.double() * scales.double()[:, None]
+    expected = x.double() @ dequantized.T + (0 if bias is None else bias.double())
+    out = module.int8_linear(x, packed.panels, packed.scales, bias, packed.out_features, vectorized)
+    assert out.shape == (*leading, out_features) and out.dtype == torch.float32
+    largest_input = float(x.abs().sum(-1).max()) if x.numel() else 0.0
+    tolerance = 1e-5 * (1 + largest_input * float(dequantized.abs().max()))
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("vectorized", [True, False])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"),
+    [(576, 576), (1536, 576), (576, 1536), (100, 37), (16, 1), (17, 5)],
+)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 64])
+def test_matches_the_dequantized_sums(
+    module: ModuleType, rows: int, out_features: int, in_features: int, vectorized: bool
+) -> None:
+    """Every tile height and its remainders; a part-filled last panel; k not a multiple of the
+    chains; the model's shapes."""
+    _check(module, (rows,), out_features, in_features, rows % 2 == 1, vectorized)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    leading=st.lists(st.integers(0, 9), min_size=1, max_size=3).map(tuple),
+    out_features=st.integers(1, 70),
+    in_features=st.integers(1, 70),
+    with_bias=st.booleans(),
+    vectorized=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_any_shape(
+    module: ModuleType,
+    leading: tuple[int, ...],
+    out_features: int,
+    in_features: int,
+    with_bias: bool,
+    vectorized: bool,
+    seed: int,
+) -> None:
+    _check(module, leading, out_features, in_features, with_bias, vectorized, seed)
+
+
+def test_arguments_that_do_not_fit_are_refused_naming_them(module: ModuleType) -> None:
+    packed = cpu_int8_linear.pack(*quantize_int8(torch.randn(32, 8)))
+    with pytest.raises(RuntimeError, match="x: float32"):
+        module.int8_linear(
+            torch.ones(2, 8, dtype=torch.float64), packed.panels, packed.scales, None, 32
+        )
+    with pytest.raises(RuntimeError, match="x: last dimension"):
+        module.int8_linear(torch.ones(2, 9), packed.panels, packed.scales, None, 32)
+    with pytest.raises(RuntimeError, match="out_features"):
+        module.int8_linear(torch.ones(2, 8), packed.panels, packed.scales, None, 33)
+    with pytest.raises(RuntimeError, match="bias"):
+        module.int8_linear(torch.ones(2, 8), packed.panels, packed.scales, torch.ones(31), 32)
+
+
+def test_float32_int8_layers_run_the_kernel(module: ModuleType) -> None:
+    assert prepare(torch.randn(40, 24), None, "int8").format is WeightFormat.INT8_PANELS
+    assert prepare(torch.randn(40, 24).bfloat16(), None, "int8").format is WeightFormat.INT8_ROWS
+
+
+@pytest.mark.usefixtures("cpu_kernels_off")
+def test_switched_off_torch_runs_the_same_layer(module: ModuleType) -> None:
+    weight, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(5, 24)
+    plain = prepare(weight, bias, "int8")
+    assert plain.format is WeightFormat.INT8_ROWS
+    packed = cpu_int8_linear.pack(*quantize_int8(weight))
+    in_panels = module.int8_linear(x, packed.panels, packed.scales, bias, 40)
+    torch.testing.assert_close(in_panels, linear(x, plain), rtol=1e-5, atol=1e-5)
