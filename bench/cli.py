@@ -104,6 +104,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pdserve.bench.micro.detokenizer",
         "the engine's per-token text cost at output lengths 100-4,000: stream vs whole decode",
     ),
+    "int8-linear": (
+        "pdserve.bench.micro.int8_linear",
+        "the model's matmuls one at a time: float32 vs the int8 kernel vs torch's int8 op",
+    ),
     "gemm-backend": (
         "pdserve.bench.micro.gemm_backend",
         "CPU matmuls on oneDNN vs F.linear (A/B, fresh processes)",

@@ -8,6 +8,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "cpu_clones.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,16 +17,6 @@
 #include <vector>
 
 namespace {
-
-// One (sequence, KV head) is compiled for x86-64-v3 (AVX2, FMA) and for the baseline (a list
-// "avx2,fma" would make two clones, AVX2 without FMA and FMA without AVX2); the loader picks the
-// variant the CPU runs (GCC function multi-versioning), so one build serves every x86-64 host.
-// The helpers inline into each variant.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PDSERVE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define PDSERVE_CLONES
-#endif
 
 inline __attribute__((always_inline)) float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float sum = 0.0f;

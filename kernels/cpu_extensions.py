@@ -1,10 +1,11 @@
 """The CPU kernels of our own (C++ beside this file): built once by `./setup.sh`, loaded if built.
 
 Each is built with torch's C++ extension tooling (the compiler of this machine; about 25 s each)
-into ~/.cache/pdserve/kernels/, keyed by the source, the flags and the torch version, so a changed
-source or torch builds anew. At run time a kernel is only imported: no compiler is needed where a
-built one is found, and where none is, the caller's torch path runs (it says so once).
-`PDSERVE_CPU_KERNELS=off` keeps every torch path (A/B runs, bisecting).
+into ~/.cache/pdserve/kernels/ (`PDSERVE_KERNEL_DIR` elsewhere: the container image builds them
+into its venv, as it has no compiler at run time), keyed by the source, the flags and the torch
+version, so a changed source or torch builds anew. At run time a kernel is only imported: no
+compiler is needed where a built one is found, and where none is, the caller's torch path runs
+(it says so once). `PDSERVE_CPU_KERNELS=off` keeps every torch path (A/B runs, bisecting).
 
     python -c "from pdserve.kernels.cpu_extensions import main; main()"   # build all (setup.sh)
 """
@@ -30,7 +31,9 @@ log = logging.getLogger(__name__)
 # in torch's headers, serial without it. It links libgomp.so.1, the soname torch's own copy has:
 # the process's one OpenMP runtime (torch's, loaded first) runs every kernel.
 FLAGS = ("-O3", "-ffast-math", "-fopenmp")
-CACHE_DIR = Path.home() / ".cache" / "pdserve" / "kernels"
+CACHE_DIR = Path(
+    os.environ.get("PDSERVE_KERNEL_DIR") or Path.home() / ".cache" / "pdserve" / "kernels"
+)
 SWITCH = "PDSERVE_CPU_KERNELS"
 
 
@@ -42,6 +45,8 @@ class CpuExtension:
 
     def build_dir(self) -> Path:
         key = hashlib.sha256(self.source.read_bytes())
+        for header in sorted(self.source.parent.glob("*.h")):  # what the sources include
+            key.update(header.read_bytes())
         key.update(" ".join(FLAGS).encode())
         key.update(torch.__version__.encode())
         return CACHE_DIR / f"{self.name}-{key.hexdigest()[:16]}"
@@ -83,10 +88,10 @@ class CpuExtension:
 
 
 def main() -> int:
-    from . import cpu_decode, cpu_int8_linear
+    from . import cpu_decode, cpu_int8_linear, layer_ops
 
     failed = 0
-    for extension in (cpu_decode.EXTENSION, cpu_int8_linear.EXTENSION):
+    for extension in (cpu_decode.EXTENSION, cpu_int8_linear.EXTENSION, layer_ops.EXTENSION):
         try:
             extension.build()
         except Exception as error:

@@ -30,7 +30,7 @@ class Work:
 
 def linear_work(x: torch.Tensor, layer: LinearWeight) -> Work:
     """`rows x in -> rows x out`: the weight once, the rows in and out."""
-    out_features, in_features = layer.weight.shape
+    out_features, in_features = layer.features
     rows = x.shape[0]
     extras = sum(t.nbytes for t in (layer.bias, layer.scales) if t is not None)
     activations = rows * (in_features + out_features) * x.element_size()
@@ -86,6 +86,12 @@ def rotary_work(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Work:
     return Work(2 * x.nbytes + cos.nbytes + sin.nbytes, 3 * x.numel())
 
 
-def rms_norm_work(x: torch.Tensor, weight: torch.Tensor) -> Work:
-    """Squares, mean, scale and weight: x read and written, the weight read."""
-    return Work(2 * x.nbytes + weight.nbytes, 4 * x.numel())
+def add_rms_norm_work(
+    hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, _eps: float
+) -> Work:
+    """The residual add (both read, the sum written), then squares, mean, scale and weight: the
+    normalized rows written, the weight read."""
+    added = 0 if residual is None else 2 * residual.nbytes
+    return Work(
+        2 * hidden.nbytes + added + weight.nbytes, (4 + (residual is not None)) * hidden.numel()
+    )

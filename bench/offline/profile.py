@@ -119,7 +119,6 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
         (runner, "execute", timers.wrap("execute", runner.execute)),
         (runner, "_build_batch", timers.note_batch(runner._build_batch)),
         (model, "forward", timers.wrap("forward", model.forward)),
-        (model, "_rms_norm", timers.wrap("rms_norm", model._rms_norm, part_costs.rms_norm_work)),
     ]
     module_patches: list[tuple[ModuleType, str, object]] = [
         *(
@@ -127,6 +126,7 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
             for module, name, label, work in (
                 (model_module, "linear", "linear", part_costs.linear_work),
                 (model_module, "write_kv", "write_kv", _write_kv_work),
+                (model_module, "add_rms_norm", "rms_norm", part_costs.add_rms_norm_work),
                 (model_module, "apply_rotary", "rotary", part_costs.rotary_work),
                 (model_module, "run_planned_decode", "attention_decode", _decode_work),
                 (model_module, "paged_attention_prefill", "attention_prefill", _prefill_work),

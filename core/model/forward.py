@@ -20,7 +20,7 @@ from pdserve.core.kv.cache import KVCache
 from pdserve.core.model.config import ModelConfig
 from pdserve.core.model.gemm import LinearWeight, linear, prepare
 from pdserve.core.model.precision import check_supported
-from pdserve.core.model.rotary import RotaryEmbedding, apply_rotary
+from pdserve.core.model.rotary import RotaryEmbedding
 from pdserve.kernels import (
     DecodePlan,
     paged_attention_prefill,
@@ -29,6 +29,7 @@ from pdserve.kernels import (
     write_kv,
 )
 from pdserve.kernels.kv_quant import is_quantized
+from pdserve.kernels.layer_ops import add_rms_norm, apply_rotary, silu_and_mul
 
 
 @dataclass(frozen=True)
@@ -76,16 +77,18 @@ class CausalLM:
         # kernel calls check the step's arguments; the other layers' (same shapes) skip that.
         cos_sin = self.rotary.cos_sin(batch.positions)
         decode_plan = self._plan_decode(batch, kv_cache)
+        eps = self.config.rms_norm_eps
         for index, layer in enumerate(self.layers):
-            hidden, residual = self._add_norm(hidden, residual, layer.input_norm)
+            hidden, residual = add_rms_norm(hidden, residual, layer.input_norm, eps)
             hidden = self._attention(index, layer, hidden, cos_sin, batch, decode_plan, kv_cache)
             if after_layer is not None:
                 after_layer(index)
-            hidden, residual = self._add_norm(hidden, residual, layer.post_attention_norm)
+            hidden, residual = add_rms_norm(hidden, residual, layer.post_attention_norm, eps)
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran
-        last = (hidden + residual)[batch.logits_indices]
-        return linear(self._rms_norm(last, self.norm), self.lm_head).float()
+        last = batch.logits_indices
+        normed, _ = add_rms_norm(hidden[last], residual[last], self.norm, eps)
+        return linear(normed, self.lm_head).float()
 
     def _plan_decode(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodePlan | None:
         if batch.decode is None:
@@ -98,21 +101,6 @@ class CausalLM:
             int8_kv=is_quantized(kv_cache.tensor),
             dtype=self.dtype,
         )
-
-    def _add_norm(
-        self, hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        residual = hidden if residual is None else hidden + residual
-        return self._rms_norm(residual, weight), residual
-
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op; the same math as transformers' LlamaRMSNorm
-            return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
-        # Lower precisions normalise in float32 and cast back before the weight, as HF does.
-        as_float = x.float()
-        variance = as_float.pow(2).mean(-1, keepdim=True)
-        normed = as_float * torch.rsqrt(variance + self.config.rms_norm_eps)
-        return weight * normed.to(x.dtype)
 
     def _attention(
         self,
@@ -170,8 +158,7 @@ class CausalLM:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _mlp(self, layer: LayerWeights, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(hidden, layer.gate_up).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, layer.down)
+        return linear(silu_and_mul(linear(hidden, layer.gate_up)), layer.down)
 
 
 def _layer_weights(

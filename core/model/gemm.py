@@ -57,6 +57,13 @@ class LinearWeight:
     format: WeightFormat = WeightFormat.FLOAT
     out_features: int = 0  # int8 panels: the channels before padding to whole panels
 
+    @property
+    def features(self) -> tuple[int, int]:
+        """(out_features, in_features), whatever the layout."""
+        if self.format is WeightFormat.INT8_PANELS:
+            return self.out_features, self.weight.shape[1]
+        return self.weight.shape[0], self.weight.shape[1]
+
 
 def prepare(
     weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str = "none"

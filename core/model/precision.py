@@ -5,8 +5,9 @@ float32 is the default and the only token-exact path against transformers. Opt-i
   oneDNN has native kernels for it (AVX-512 BF16 / AMX for bf16, AVX-512 FP16 / AMX-FP16 for fp16);
   elsewhere torch would emulate it at a fraction of float32's speed, so it is refused.
 - `quantization="int8"`: weight-only int8 with one float scale per output channel (symmetric,
-  absmax / 127) for every projection and the lm_head; activations stay in `dtype`. Runs on torch's
-  `_weight_int8pack_mm` CPU kernel, so it is refused on other devices.
+  absmax / 127) for every projection and the lm_head; activations stay in `dtype`. Runs on the
+  CPU only (our kernel, kernels/cpu_int8_linear.py, or torch's `_weight_int8pack_mm` where it is
+  not built), so it is refused on other devices.
 Quality and speed of each against float32 and llama.cpp: docs/benchmarks.md.
 """
 
@@ -29,7 +30,7 @@ def check_supported(dtype: torch.dtype, quantization: str, device: torch.device)
         )
     if quantization == "int8" and device.type != "cpu":
         raise UnsupportedPrecisionError(
-            f"quantization: int8 weight-only runs on the CPU only (torch's _weight_int8pack_mm), "
+            f"quantization: int8 weight-only runs on the CPU only (its kernels are CPU kernels), "
             f"not on {device.type}; use quantization none"
         )
     if device.type == "cpu" and not _cpu_runs(dtype):

@@ -71,12 +71,6 @@ class RotaryEmbedding:
         self.sin = (angles.sin() * scaling).to(dtype=dtype, device=device)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for the step's positions, `[tokens, 1, dim]`: looked up once per step."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates `x` `[tokens, heads, dim]` (q and k heads side by side, so one call serves both)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+        """cos and sin for the step's positions, `[tokens, dim]`: looked up once per step
+        (`kernels.layer_ops.apply_rotary` rotates with them)."""
+        return self.cos[positions], self.sin[positions]

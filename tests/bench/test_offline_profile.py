@@ -86,7 +86,7 @@ def test_the_report_puts_each_part_beside_its_floor(one_request: list[StepGroup]
     assert len(sample_row.split()) == 3  # no count, no floor
 
 
-def test_the_command_profiles_each_batch_on_the_first_requests(
+def test_the_command_profiles_each_batch_on_the_first_requests_in_its_precision(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     workload = tmp_path / "w.json"
@@ -95,9 +95,10 @@ def test_the_command_profiles_each_batch_on_the_first_requests(
         ' {"prompt": [900], "max_tokens": 9}]'
     )
     argv = ["bench", "offline", "--profile", "--workload", str(workload), "--max-batch", "1,2"]
-    assert main([*argv, "--num-requests", "2"]) == 0
+    assert main([*argv, "--num-requests", "2", "--quantization", "int8"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("host bounds: copy bandwidth ")
-    assert "B=1, w.json, 2 requests" in out and "B=2, w.json, 2 requests" in out
+    assert "B=1, int8/float32, w.json, 2 requests" in out
+    assert "B=2, int8/float32, w.json, 2 requests" in out
     # One at a time: a prefill step and 2 decode steps, then one and 1 (the third never ran).
     assert "all steps: 5 steps, 1.0 sequences/step" in out

@@ -3,7 +3,6 @@ dequantized weights, on both its paths, and the layer format `prepare` picks for
 
 from __future__ import annotations
 
-import shutil
 from types import ModuleType
 
 import pytest
@@ -14,15 +13,12 @@ from hypothesis import strategies as st
 from pdserve.core.model.gemm import WeightFormat, linear, prepare
 from pdserve.core.model.precision import quantize_int8
 from pdserve.kernels import cpu_int8_linear
+from tests.kernels.built import built_kernel
 
 
 @pytest.fixture(scope="module")
 def module() -> ModuleType:
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler here: the kernel is never built, torch's op runs")
-    built = cpu_int8_linear.kernel()
-    assert built is not None, "not built: ./setup.sh builds it"
-    return built
+    return built_kernel(cpu_int8_linear.kernel)
 
 
 def _check(
