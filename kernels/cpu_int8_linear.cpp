@@ -11,7 +11,9 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>

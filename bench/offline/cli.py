@@ -7,6 +7,7 @@ floor) and `--profile` (where the continuous engine's steps spend their time).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TypeVar
 import torch
 
 from pdserve.bench.arg_types import positive_int, positive_ints
+from pdserve.bench.offline import context_growth
 from pdserve.bench.offline import decode as offline_decode
 from pdserve.bench.offline import profile_report as offline_profile_report
 from pdserve.bench.offline import report as offline_report
@@ -84,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time the parts of the continuous engine's steps over the workload, each beside the "
         "floor of the bytes and flops it must handle (one profile per --max-batch)",
     )
+    mode.add_argument(
+        "--context-growth",
+        type=positive_ints,
+        metavar="LIST",
+        help="decode step time at these context lengths (each --max-batch): does only the "
+        "attention grow?",
+    )
     parser.add_argument(
         "--num-requests",
         type=positive_int,
@@ -93,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decode-steps",
         type=positive_int,
         default=128,
-        help="decode steps timed by --batch1-decode",
+        help="decode steps timed by --batch1-decode and at each --context-growth point",
     )
 
 
@@ -114,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.profile:
         _profile(args, model_dir, workload, batches)
+        return 0
+    if args.context_growth:
+        _context_growth(args, model_dir, batches)
         return 0
     runs = _throughput(args, model_dir, workload, engines, batches)
     _report(args, runs)
@@ -140,6 +152,20 @@ def _profile(
             f"{len(requests)} requests, load average {load:.2f} before"
         )
         print(offline_profile_report.profile_report(groups, bounds))
+
+
+def _context_growth(args: argparse.Namespace, model_dir: Path, batches: list[int]) -> None:
+    precision = _precision(args)
+    points = []
+    for batch in batches:
+        for context in sorted(args.context_growth):
+            point = context_growth.measure_point(
+                model_dir, context, batch, args.decode_steps, precision
+            )
+            points.append(point)
+            if args.json:
+                print(json.dumps(context_growth.as_record(point, precision)), flush=True)
+    print(context_growth.report(points), file=sys.stderr if args.json else sys.stdout)
 
 
 def _throughput(

@@ -3,6 +3,7 @@ and compute is counted right (checked against the model's shapes and by hand).""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -102,3 +103,27 @@ def test_the_command_profiles_each_batch_on_the_first_requests_in_its_precision(
     assert "B=2, int8/float32, w.json, 2 requests" in out
     # One at a time: a prefill step and 2 decode steps, then one and 1 (the third never ran).
     assert "all steps: 5 steps, 1.0 sequences/step" in out
+
+
+def test_context_growth_times_each_batch_at_each_context(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "offline", "--context-growth", "40,20", "--max-batch", "1,2"]
+    assert main([*argv, "--decode-steps", "3", "--json"]) == 0
+    captured = capsys.readouterr()
+    points = [json.loads(line) for line in captured.out.splitlines()]
+    assert [(p["batch"], p["context"]) for p in points] == [(1, 20), (1, 40), (2, 20), (2, 40)]
+    for point in points:
+        assert point["decode_steps"] == 3 and point["weights"] == "float32"
+        assert 0 < point["attention_decode_ms"] < point["step_ms"]
+        assert math.isclose(point["rest_ms"], point["step_ms"] - point["attention_decode_ms"])
+
+    # The middle decode step reads each sequence's 22 (42) keys and values, 3 KV heads x 64
+    # floats each, and its query in and out (9 heads x 64), in each of the 30 layers.
+    def step_bytes(sequences: int, keys: int) -> float:
+        return sequences * 30 * (2 * keys * 3 * 64 * 4 + 2 * 9 * 64 * 4)
+
+    assert [p["kv_read_mb"] for p in points] == [
+        round(step_bytes(n, keys) / 1e6, 2) for n, keys in ((1, 22), (1, 42), (2, 22), (2, 42))
+    ]
+    assert "B=2: context 20 -> 40: step " in captured.err
