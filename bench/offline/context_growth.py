@@ -3,11 +3,11 @@ time grows with the context.
 
 Per batch size B and context length C: B requests of C random prompt tokens each (seeded, no two
 alike), all prefilled, then `--decode-steps` decode steps of all B together, timed with the
-profile's timers (bench/offline/profile.py). Reported per point: the median step, its decode
-attention, the rest (step - attention) and the KV bytes the attention read. A step may grow with
-the context only by the attention's extra KV reads: the rest should stay flat, and whatever of it
-grows is per-step host work that grows with a request's length (copying token lists, loops over
-all blocks), which the engine must not have.
+profile's timers (bench/offline/profile.py; the step without their own counting). Reported per
+point: the median step, its decode attention, the rest (step - attention) and the bytes the
+attention read. A step may grow with the context only by the attention's extra KV reads: the rest
+should stay flat, and whatever of it grows is per-step work that grows with a request's length
+(copying token lists, loops over all blocks), which the engine must not have.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from pdserve.bench.offline.engines import FLOAT32, EngineKind, Precision, build_llm, greedy_params
 from pdserve.bench.offline.make_workloads import FIRST_ID, VOCAB
 from pdserve.bench.offline.profile import StepRecord, instrumented
+from pdserve.bench.offline.profile_report import step_seconds
 from pdserve.bench.offline.workload import WorkloadRequest
 
 SEED = 11
@@ -56,7 +57,7 @@ def measure_point(
         llm.generate([list(r.prompt) for r in workload], [greedy_params(r) for r in workload])
     steps = [s for s in timers.steps if not s.has_prefill and s.num_seqs == batch]
     assert steps, "no decode step ran the whole batch"
-    step_ms = _median_ms(steps, "step")
+    step_ms = statistics.median(step_seconds(s) for s in steps) * 1e3
     attention_ms = _median_ms(steps, ATTENTION)
     return GrowthPoint(
         context=context,

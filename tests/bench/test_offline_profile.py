@@ -116,7 +116,8 @@ def test_context_growth_times_each_batch_at_each_context(
     for point in points:
         assert point["decode_steps"] == 3 and point["weights"] == "float32"
         assert 0 < point["attention_decode_ms"] < point["step_ms"]
-        assert math.isclose(point["rest_ms"], point["step_ms"] - point["attention_decode_ms"])
+        rest = point["step_ms"] - point["attention_decode_ms"]
+        assert math.isclose(point["rest_ms"], rest, abs_tol=0.002)  # each rounded to 0.001
 
     # The middle decode step reads each sequence's 22 (42) keys and values, 3 KV heads x 64
     # floats each, and its query in and out (9 heads x 64), in each of the 30 layers.
