@@ -14,7 +14,7 @@ from enum import Enum
 
 import torch
 
-from . import _backend, cpu_decode, layer_ops, torch_attention, torch_decode, torch_kv
+from . import _backend, cpu_decode, torch_attention, torch_decode, torch_kv
 from ._checks import (
     check_attention_args,
     check_block_ids,
@@ -186,11 +186,6 @@ def write_kv(
         from . import triton_kv
 
         triton_kv.write_kv(k, v, k_cache, v_cache, slot_mapping)
-        return
-    if layer_ops.writes_kv(k_cache):
-        if not checked:
-            torch_kv.check_write_kv(k, v, k_cache, v_cache, slot_mapping)
-        layer_ops.write_kv(k, v, k_cache, v_cache, slot_mapping)
         return
     torch_kv.write_kv(k, v, k_cache, v_cache, slot_mapping, checked)
 

@@ -1,6 +1,6 @@
 // A decoder layer's small ops on the CPU, each in one call where torch takes several (see
-// kernels/layer_ops.py for why): the residual add with RMSNorm, rotary embedding in place,
-// SiLU(gate) * up, and the K/V rows' writes into their cache slots. float32 only. Rows are split over torch's threads when there are enough of
+// kernels/layer_ops.py for why): the residual add with RMSNorm, rotary embedding in place, and
+// SiLU(gate) * up. float32 only. Rows are split over torch's threads when there are enough of
 // them to pay for waking the threads (prefill); a decode step's few rows run on the caller's.
 
 #include <ATen/Parallel.h>
@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <tuple>
 
 namespace {
@@ -145,39 +144,6 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   return out;
 }
 
-// Each token's K and V rows (kv_heads x dim floats, packed) copied into its cache slot; the slots
-// were checked by the caller (kernels.write_kv checks them in the step's first layer).
-void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
-              torch::Tensor slot_mapping) {
-  for (const auto* rows : {&k, &v}) {
-    TORCH_CHECK(rows->device().is_cpu() && rows->scalar_type() == torch::kFloat32 && rows->dim() == 3 &&
-                    rows->stride(2) == 1 && rows->stride(1) == rows->size(2),
-                "k, v: float32 [tokens, kv_heads, dim], each token's heads packed");
-  }
-  TORCH_CHECK(k.sizes() == v.sizes(), "v: must have k's shape");
-  for (const auto* cache : {&k_cache, &v_cache}) {
-    TORCH_CHECK(cache->scalar_type() == torch::kFloat32 && cache->is_contiguous() && cache->dim() == 4 &&
-                    cache->size(2) * cache->size(3) == k.size(1) * k.size(2),
-                "k_cache, v_cache: contiguous float32 [blocks, block_size, kv_heads, dim]");
-  }
-  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
-                  slot_mapping.numel() == k.size(0),
-              "slot_mapping: int64, one slot a token");
-  const int64_t tokens = k.size(0), row = k.size(1) * k.size(2);
-  const float* k_data = k.data_ptr<float>();
-  const float* v_data = v.data_ptr<float>();
-  float* k_out = k_cache.data_ptr<float>();
-  float* v_out = v_cache.data_ptr<float>();
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  const int64_t k_stride = k.stride(0), v_stride = v.stride(0);
-  at::parallel_for(0, tokens, grain_rows(2 * row), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      std::memcpy(k_out + slots[t] * row, k_data + t * k_stride, row * sizeof(float));
-      std::memcpy(v_out + slots[t] * row, v_data + t * v_stride, row * sizeof(float));
-    }
-  });
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -186,9 +152,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("eps"));
   m.def("rotary_in_place", &rotary_in_place, "rotary embedding of [tokens, heads, dim], in place",
         pybind11::arg("x"), pybind11::arg("cos"), pybind11::arg("sin"));
-  m.def("write_kv", &write_kv, "each token's K/V rows into its cache slot", pybind11::arg("k"),
-        pybind11::arg("v"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
-        pybind11::arg("slot_mapping"));
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [rows, 2 * width]",
         pybind11::arg("gate_up"));
 }

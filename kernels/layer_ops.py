@@ -1,5 +1,4 @@
-"""A decoder layer's small ops: the residual add with RMSNorm, rotary embedding, SiLU(gate) * up,
-and (through `kernels.write_kv`) the K/V rows' writes into a float32 cache.
+"""A decoder layer's small ops: the residual add with RMSNorm, rotary embedding, SiLU(gate) * up.
 
 On the CPU in float32 each runs as one call of cpu_layer_ops.cpp where it is built (cpu_extensions:
 `./setup.sh` builds it, `PDSERVE_CPU_KERNELS=off` keeps torch); elsewhere (GPU, bfloat16 /
@@ -85,23 +84,3 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-def writes_kv(k_cache: torch.Tensor) -> bool:
-    """Whether `write_kv` runs the kernel for this cache: float32 on the CPU (int8 caches
-    quantize their rows in torch)."""
-    return _on_kernel(k_cache) is not None
-
-
-def write_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """Token i's K and V rows into flat slot `slot_mapping[i]`, trusting the slots (the caller
-    checked them: `kernels.write_kv`)."""
-    module = _on_kernel(k_cache)
-    assert module is not None, "write_kv called where writes_kv() is False"
-    module.write_kv(k, v, k_cache, v_cache, slot_mapping)

@@ -21,24 +21,13 @@ def write_kv(
     An int8 cache gets each (token, head) row quantized with its own scale (kv_quant)."""
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     if not checked:
-        check_write_kv(k, v, k_cache, v_cache, slot_mapping)
+        check_write_kv_args(k, v, k_cache, v_cache, slot_mapping)
+        _check_slot_range(slot_mapping, num_slots)
     if is_quantized(k_cache):
         k, v = quantize(k), quantize(v)
     # Per-layer caches are contiguous, so the flat-slot view is free.
     k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
     v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
-
-
-def check_write_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """The arguments, and every slot inside the cache (a range reduction and a host sync)."""
-    check_write_kv_args(k, v, k_cache, v_cache, slot_mapping)
-    _check_slot_range(slot_mapping, k_cache.shape[0] * k_cache.shape[1])
 
 
 def _check_slot_range(slot_mapping: torch.Tensor, num_slots: int) -> None:

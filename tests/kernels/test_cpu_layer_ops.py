@@ -1,6 +1,5 @@
 """The layer ops kernel (kernels/cpu_layer_ops.cpp) against the torch ops it replaces, in float64:
-decode rows, prefill rows (split over threads), strided rows as the model passes them; and the K/V
-writes, bit-exact."""
+decode rows, prefill rows (split over threads), strided rows as the model passes them."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdserve.kernels import layer_ops, write_kv
+from pdserve.kernels import layer_ops
 from tests.kernels.built import built_kernel
 
 EPS = 1e-5
@@ -137,32 +136,3 @@ def test_switched_off_torch_runs_the_same_ops() -> None:
         normed.double(), _reference_norm(total, weight), rtol=1e-5, atol=1e-5
     )
     assert layer_ops.kernel() is None
-
-
-@pytest.mark.parametrize("tokens", [1, 16, 300])
-def test_write_kv_copies_each_row_into_its_slot_and_nothing_else(
-    module: ModuleType, tokens: int
-) -> None:
-    """As the model calls it: K and V views into fused QKV rows, slots scattered over the pool."""
-    kv_heads, dim, block_size, blocks = 3, 64, 16, 40
-    qkv = torch.randn(tokens, (9 + 2 * kv_heads) * dim)
-    k = qkv[:, 9 * dim : (9 + kv_heads) * dim].view(tokens, kv_heads, dim)
-    v = qkv[:, (9 + kv_heads) * dim :].view(tokens, kv_heads, dim)
-    k_cache = torch.randn(blocks, block_size, kv_heads, dim)
-    v_cache = torch.randn(blocks, block_size, kv_heads, dim)
-    slots = torch.randperm(blocks * block_size)[:tokens]
-    expected_k, expected_v = k_cache.clone(), v_cache.clone()
-    expected_k.view(-1, kv_heads, dim)[slots] = k
-    expected_v.view(-1, kv_heads, dim)[slots] = v
-    assert layer_ops.writes_kv(k_cache)
-    write_kv(k, v, k_cache, v_cache, slots)
-    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
-
-
-def test_write_kv_checks_the_slots_before_the_kernel_writes(module: ModuleType) -> None:
-    k = torch.randn(2, 3, 64)
-    k_cache, v_cache = torch.zeros(4, 16, 3, 64), torch.zeros(4, 16, 3, 64)
-    with pytest.raises(ValueError, match=r"^slot_mapping: slots 5\.\.64 outside 0\.\.63"):
-        write_kv(k, k.clone(), k_cache, v_cache, torch.tensor([5, 64]))
-    assert not k_cache.any() and not v_cache.any()
-    assert not layer_ops.writes_kv(torch.zeros(4, 16, 3, 68, dtype=torch.int8))
