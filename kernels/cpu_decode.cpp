@@ -1,9 +1,10 @@
 // Paged decode attention on the CPU: one query per sequence over its K/V where they lie in the
 // block cache, in one call per layer for every sequence (see kernels/cpu_decode.py for why).
 //
-// Work is split over (sequence, KV head) pairs on torch's own thread pool (at::parallel_for): each
-// pair reads its keys once for the query heads that share them (grouped-query attention), keeps
-// the scores, softmaxes them in float, and reads its values once. No gather, no padding.
+// Work is split over pieces of (sequence, KV head) pairs, up to 256 positions each, on torch's own
+// thread pool (at::parallel_for): each piece reads its keys once for the query heads that share
+// them (grouped-query attention), keeps the scores, softmaxes them in float against its own peak,
+// and reads its values once; the pieces of a pair are then merged. No gather, no padding.
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -62,23 +63,39 @@ inline __attribute__((always_inline)) void for_each_token(const float* base, con
   }
 }
 
-// One (sequence, KV head): its `group` query heads over positions [first, length). Each key and
-// value is loaded once for the whole group.
+// Positions a piece of one (sequence, KV head) covers at most. A long context is split into
+// pieces so that both threads have work at one sequence (the split of flash-decoding); each piece
+// softmaxes its own scores against its own peak, and the pieces are merged after.
+constexpr int64_t kPieceTokens = 256;
+
+struct Piece {
+  int64_t seq, kv_head, first, last;  // positions [first, last)
+};
+
+// What a piece leaves for the merge, per query head g of its group: sums[g] = sum over its
+// positions of exp(score - peaks[g]) * value, totals[g] = sum of exp(score - peaks[g]).
+struct Partial {
+  float* sums;  // [group, dim]
+  float* peaks;  // [group]
+  float* totals;  // [group]
+};
+
+// One piece: its `group` query heads over its positions. Each key and value is loaded once for
+// the whole group.
 PDSERVE_CLONES
-void attend_one(const float* q, const float* k, const float* v, const int32_t* table,
-                int64_t first, int64_t length, int64_t kv_head, float scale, const Shapes& s,
-                float* out, std::vector<float>& scores) {
+void attend_piece(const float* q, const float* k, const float* v, const int32_t* table,
+                  const Piece& piece, float scale, const Shapes& s, const Partial& partial,
+                  std::vector<float>& scores) {
   const int64_t group = s.num_heads / s.num_kv_heads;
-  const int64_t count = length - first;
+  const int64_t count = piece.last - piece.first;
   const int64_t dim = s.head_dim;
   scores.resize(group * count);
-  const int64_t head_offset = kv_head * dim;
-  const float* queries = q + kv_head * group * dim;
-  float* outputs = out + kv_head * group * dim;
-  for_each_token(k + head_offset, table, first, length, s, [&](int64_t p, int64_t offset) {
+  const int64_t head_offset = piece.kv_head * dim;
+  const float* queries = q + piece.kv_head * group * dim;
+  for_each_token(k + head_offset, table, piece.first, piece.last, s, [&](int64_t p, int64_t offset) {
     const float* key = k + offset + head_offset;
     for (int64_t g = 0; g < group; ++g) {
-      scores[g * count + (p - first)] = dot(queries + g * dim, key, dim) * scale;
+      scores[g * count + (p - piece.first)] = dot(queries + g * dim, key, dim) * scale;
     }
   });
   for (int64_t g = 0; g < group; ++g) {
@@ -89,16 +106,37 @@ void attend_one(const float* q, const float* k, const float* v, const int32_t* t
       row[i] = std::exp(row[i] - peak);
       total += row[i];
     }
-    const float inverse = 1.0f / total;
-    for (int64_t i = 0; i < count; ++i) row[i] *= inverse;
+    partial.peaks[g] = peak;
+    partial.totals[g] = total;
   }
-  std::fill_n(outputs, group * dim, 0.0f);
-  for_each_token(v + head_offset, table, first, length, s, [&](int64_t p, int64_t offset) {
+  std::fill_n(partial.sums, group * dim, 0.0f);
+  for_each_token(v + head_offset, table, piece.first, piece.last, s, [&](int64_t p, int64_t offset) {
     const float* value = v + offset + head_offset;
     for (int64_t g = 0; g < group; ++g) {
-      axpy(outputs + g * dim, value, scores[g * count + (p - first)], dim);
+      axpy(partial.sums + g * dim, value, scores[g * count + (p - piece.first)], dim);
     }
   });
+}
+
+// The pieces [begin, end) of one (sequence, KV head) into its `group` output rows: each piece's
+// sums and totals rescaled from its peak to the largest.
+void merge(const std::vector<float>& sums, const std::vector<float>& peaks,
+           const std::vector<float>& totals, int64_t begin, int64_t end, int64_t group,
+           int64_t dim, float* out) {
+  for (int64_t g = 0; g < group; ++g) {
+    float peak = -std::numeric_limits<float>::infinity();
+    for (int64_t piece = begin; piece < end; ++piece) peak = std::max(peak, peaks[piece * group + g]);
+    float total = 0.0f;
+    float* row = out + g * dim;
+    std::fill_n(row, dim, 0.0f);
+    for (int64_t piece = begin; piece < end; ++piece) {
+      const float weight = std::exp(peaks[piece * group + g] - peak);
+      total += weight * totals[piece * group + g];
+      axpy(row, sums.data() + (piece * group + g) * dim, weight, dim);
+    }
+    const float inverse = 1.0f / total;
+    for (int64_t i = 0; i < dim; ++i) row[i] *= inverse;
+  }
 }
 
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -121,24 +159,49 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
                       k_cache.stride(1)};
   TORCH_CHECK(shapes.num_heads % shapes.num_kv_heads == 0, "heads: not a multiple of KV heads");
   const int64_t num_seqs = q.size(0);
+  const int64_t group = shapes.num_heads / shapes.num_kv_heads;
+  const int64_t dim = shapes.head_dim;
+  const int32_t* lengths = context_lens.data_ptr<int32_t>();
+  // The pieces in (sequence, KV head) order; `starts[i]` is the first piece of pair i.
+  std::vector<Piece> pieces;
+  std::vector<int64_t> starts;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    const int64_t length = lengths[seq];
+    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, length - sliding_window) : 0;
+    for (int64_t kv_head = 0; kv_head < shapes.num_kv_heads; ++kv_head) {
+      starts.push_back(static_cast<int64_t>(pieces.size()));
+      for (int64_t begin = first; begin < length; begin += kPieceTokens) {
+        pieces.push_back({seq, kv_head, begin, std::min(length, begin + kPieceTokens)});
+      }
+    }
+  }
+  starts.push_back(static_cast<int64_t>(pieces.size()));
+  const int64_t num_pieces = static_cast<int64_t>(pieces.size());
+  std::vector<float> sums(num_pieces * group * dim), peaks(num_pieces * group), totals(num_pieces * group);
   auto out = torch::empty_like(q);
   const float* q_data = q.data_ptr<float>();
   const float* k_data = k_cache.data_ptr<float>();
   const float* v_data = v_cache.data_ptr<float>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* lengths = context_lens.data_ptr<int32_t>();
   float* out_data = out.data_ptr<float>();
-  const int64_t per_seq = shapes.num_heads * shapes.head_dim;
+  const int64_t per_seq = shapes.num_heads * dim;
   const float scale_f = static_cast<float>(scale);
-  at::parallel_for(0, num_seqs * shapes.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, num_pieces, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t seq = item / shapes.num_kv_heads;
-      const int64_t kv_head = item % shapes.num_kv_heads;
-      const int64_t length = lengths[seq];
-      const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, length - sliding_window) : 0;
-      attend_one(q_data + seq * per_seq, k_data, v_data, tables + seq * shapes.max_blocks, first,
-                 length, kv_head, scale_f, shapes, out_data + seq * per_seq, scores);
+    for (int64_t index = begin; index < end; ++index) {
+      const Piece& piece = pieces[index];
+      const Partial partial{sums.data() + index * group * dim, peaks.data() + index * group,
+                            totals.data() + index * group};
+      attend_piece(q_data + piece.seq * per_seq, k_data, v_data,
+                   tables + piece.seq * shapes.max_blocks, piece, scale_f, shapes, partial, scores);
+    }
+  });
+  const int64_t num_pairs = num_seqs * shapes.num_kv_heads;
+  at::parallel_for(0, num_pairs, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t seq = pair / shapes.num_kv_heads, kv_head = pair % shapes.num_kv_heads;
+      merge(sums, peaks, totals, starts[pair], starts[pair + 1], group, dim,
+            out_data + seq * per_seq + kv_head * group * dim);
     }
   });
   return out;

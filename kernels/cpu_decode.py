@@ -6,8 +6,9 @@ bytes it must read over the host's copy bandwidth) at 16 and 64 sequences, a qua
 of a decode step, and at 18x at one sequence: the torch path gathers every sequence's keys and
 values into padded tensors (a copy of all of them) and runs SDPA per length bucket, about ten
 torch calls a layer. The kernel reads K/V where they lie in the blocks, one call a layer for
-every sequence, split over (sequence, KV head) on torch's own threads. docs/kernels.md has the
-A/B that decided it.
+every sequence, split over pieces of up to 256 positions of each (sequence, KV head) on torch's
+own threads (so that one long sequence keeps both threads busy), the pieces' softmaxes merged
+after. docs/kernels.md has the A/Bs that decided it.
 
 It is built and loaded as every CPU kernel of ours is (cpu_extensions.py: `./setup.sh` builds it,
 `PDSERVE_CPU_KERNELS=off` keeps the torch path).

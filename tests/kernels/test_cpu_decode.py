@@ -30,7 +30,7 @@ def built() -> None:
         [4000],  # the longest context the tests reach
     ],
 )
-@pytest.mark.parametrize("window", [None, 64])
+@pytest.mark.parametrize("window", [None, 64, 300])  # 300: a window over two pieces
 def test_model_shapes(lengths: list[int], window: int | None) -> None:
     case = make_paged_case(lengths, SMOLLM2, seed=len(lengths))
     check_decode(cpu_decode.decode_attention, case, window)
