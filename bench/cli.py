@@ -105,7 +105,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "the engine's per-token text cost at output lengths 100-4,000: stream vs whole decode",
     ),
     "int8-linear": (
-        "pdserve.bench.micro.int8_linear",
+        "pdserve.bench.micro.linear_kernels",
         "the model's matmuls one at a time: float32 vs the int8 kernel vs torch's int8 op",
     ),
     "gemm-backend": (

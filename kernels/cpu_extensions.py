@@ -88,10 +88,10 @@ class CpuExtension:
 
 
 def main() -> int:
-    from . import cpu_decode, cpu_int8_linear, layer_ops
+    from . import cpu_decode, cpu_panel_linear, layer_ops
 
     failed = 0
-    for extension in (cpu_decode.EXTENSION, cpu_int8_linear.EXTENSION, layer_ops.EXTENSION):
+    for extension in (cpu_decode.EXTENSION, cpu_panel_linear.EXTENSION, layer_ops.EXTENSION):
         try:
             extension.build()
         except Exception as error:

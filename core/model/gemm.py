@@ -20,7 +20,7 @@ weight reordered for 16 rows: +0.5 GB resident) that paid 10-13 % on the earlier
 lost to oneDNN at every row count here. Other devices and dtypes use `F.linear`.
 
 Int8 weight-only layers (`quantization="int8"`, see precision.py) with float32 activations run our
-CPU kernel (kernels/cpu_int8_linear.py: its panel layout is packed here, once at load); where it
+CPU kernel (kernels/cpu_panel_linear.py: its panel layout is packed here, once at load); where it
 is not built, or the activations are bfloat16 / float16, torch's `_weight_int8pack_mm` runs the
 plain [out, in] int8 layout.
 """
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from pdserve.core.model.precision import quantize_int8
-from pdserve.kernels import cpu_int8_linear
+from pdserve.kernels import cpu_panel_linear
 
 # torch builds without oneDNN (mkldnn) fall back to F.linear
 ONEDNN_ON_CPU: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
@@ -45,7 +45,7 @@ PACKED_FOR_ROWS = 16
 
 class WeightFormat(Enum):
     FLOAT = "float"  # [out, in] in the model's dtype (oneDNN's packed layout for CPU float32)
-    INT8_PANELS = "int8 panels"  # cpu_int8_linear's panels, float32 activations
+    INT8_PANELS = "int8 panels"  # cpu_panel_linear's panels, float32 activations
     INT8_ROWS = "int8 rows"  # [out, in] int8 for torch's _weight_int8pack_mm
 
 
@@ -77,8 +77,8 @@ def prepare(
 
 def _prepare_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearWeight:
     quantized, scales = quantize_int8(weight)
-    if weight.dtype == torch.float32 and cpu_int8_linear.kernel() is not None:
-        packed = cpu_int8_linear.pack(quantized, scales)
+    if weight.dtype == torch.float32 and cpu_panel_linear.kernel() is not None:
+        packed = cpu_panel_linear.pack(quantized, scales)
         return LinearWeight(
             packed.panels, bias, packed.scales, WeightFormat.INT8_PANELS, packed.out_features
         )
@@ -102,7 +102,7 @@ def linear(x: torch.Tensor, layer: LinearWeight) -> torch.Tensor:
     """`F.linear(x, layer.weight, layer.bias)`, on oneDNN for float32 on the CPU."""
     if layer.format is WeightFormat.INT8_PANELS:
         assert layer.scales is not None
-        return cpu_int8_linear.int8_linear(
+        return cpu_panel_linear.int8_linear(
             x, layer.weight, layer.scales, layer.out_features, layer.bias
         )
     if layer.format is WeightFormat.INT8_ROWS:

@@ -6,7 +6,7 @@ float32 is the default and the only token-exact path against transformers. Opt-i
   elsewhere torch would emulate it at a fraction of float32's speed, so it is refused.
 - `quantization="int8"`: weight-only int8 with one float scale per output channel (symmetric,
   absmax / 127) for every projection and the lm_head; activations stay in `dtype`. Runs on the
-  CPU only (our kernel, kernels/cpu_int8_linear.py, or torch's `_weight_int8pack_mm` where it is
+  CPU only (our kernel, kernels/cpu_panel_linear.py, or torch's `_weight_int8pack_mm` where it is
   not built), so it is refused on other devices.
 Quality and speed of each against float32 and llama.cpp: docs/benchmarks.md.
 """

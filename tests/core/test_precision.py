@@ -18,7 +18,7 @@ from pdserve.core.model.precision import (
     quantize_int8,
 )
 from pdserve.core.sampling_params import SamplingParams
-from pdserve.kernels import cpu_int8_linear
+from pdserve.kernels import cpu_panel_linear
 
 
 def test_int8_scales_are_per_output_channel() -> None:
@@ -94,6 +94,6 @@ def test_the_int8_engine_is_transformers_on_the_rounded_weights(
     llm = LLM(model_dir, max_num_seqs=4, num_swap_blocks=0, quantization="int8")
     outputs = llm.generate(chosen, SamplingParams(max_tokens=24, temperature=0))
     assert [list(out.outputs[0].token_ids) for out in outputs] == expected
-    built = cpu_int8_linear.kernel() is not None
+    built = cpu_panel_linear.kernel() is not None
     expected_format = WeightFormat.INT8_PANELS if built else WeightFormat.INT8_ROWS
     assert llm.engine.runner.model.lm_head.format is expected_format

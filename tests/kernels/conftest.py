@@ -6,13 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdserve.kernels import cpu_decode, cpu_int8_linear, layer_ops
+from pdserve.kernels import cpu_decode, cpu_panel_linear, layer_ops
 from pdserve.kernels.cpu_extensions import SWITCH
 
 
 def _forget_loaded_kernels() -> None:
     cpu_decode.kernel.cache_clear()
-    cpu_int8_linear.kernel.cache_clear()
+    cpu_panel_linear.kernel.cache_clear()
     layer_ops.kernel.cache_clear()
 
 

@@ -1,4 +1,4 @@
-"""The int8-weight linear kernel (kernels/cpu_int8_linear.cpp) against float64 sums of the same
+"""The int8-weight linear kernel (kernels/cpu_panel_linear.cpp) against float64 sums of the same
 dequantized weights, on both its paths, and the layer format `prepare` picks for it."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from pdserve.core.model.gemm import WeightFormat, linear, prepare
 from pdserve.core.model.precision import quantize_int8
-from pdserve.kernels import cpu_int8_linear
+from pdserve.kernels import cpu_panel_linear
 from tests.kernels.built import built_kernel
 
 
 @pytest.fixture(scope="module")
 def module() -> ModuleType:
-    return built_kernel(cpu_int8_linear.kernel)
+    return built_kernel(cpu_panel_linear.kernel)
 
 
 def _check(
@@ -35,7 +35,7 @@ def _check(
     x = torch.randn(*leading, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
     quantized, scales = quantize_int8(weight)
-    packed = cpu_int8_linear.pack(quantized, scales)
+    packed = cpu_panel_linear.pack(quantized, scales)
     dequantized = quantized.double() * scales.double()[:, None]
     expected = x.double() @ dequantized.T + (0 if bias is None else bias.double())
     out = module.int8_linear(x, packed.panels, packed.scales, bias, packed.out_features, vectorized)
@@ -81,7 +81,7 @@ def test_any_shape(
 
 
 def test_arguments_that_do_not_fit_are_refused_naming_them(module: ModuleType) -> None:
-    packed = cpu_int8_linear.pack(*quantize_int8(torch.randn(32, 8)))
+    packed = cpu_panel_linear.pack(*quantize_int8(torch.randn(32, 8)))
     with pytest.raises(RuntimeError, match="x: float32"):
         module.int8_linear(
             torch.ones(2, 8, dtype=torch.float64), packed.panels, packed.scales, None, 32
@@ -104,6 +104,6 @@ def test_switched_off_torch_runs_the_same_layer(module: ModuleType) -> None:
     weight, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(5, 24)
     plain = prepare(weight, bias, "int8")
     assert plain.format is WeightFormat.INT8_ROWS
-    packed = cpu_int8_linear.pack(*quantize_int8(weight))
+    packed = cpu_panel_linear.pack(*quantize_int8(weight))
     in_panels = module.int8_linear(x, packed.panels, packed.scales, bias, 40)
     torch.testing.assert_close(in_panels, linear(x, plain), rtol=1e-5, atol=1e-5)

@@ -1,4 +1,4 @@
-"""Weight-only int8 linear on the CPU (cpu_int8_linear.cpp): float32 activations times int8
+"""Weight-only int8 linear on the CPU (cpu_panel_linear.cpp): float32 activations times int8
 weights with one scale per output channel, the weights widened to float in registers.
 
 Why a kernel of our own: torch 2.13's `_weight_int8pack_mm` (the CPU op for this format) ran 3-30x
@@ -28,8 +28,8 @@ from .cpu_extensions import SWITCH as SWITCH
 from .cpu_extensions import CpuExtension
 
 EXTENSION = CpuExtension(
-    "pdserve_cpu_int8_linear",
-    Path(__file__).with_name("cpu_int8_linear.cpp"),
+    "pdserve_cpu_panel_linear",
+    Path(__file__).with_name("cpu_panel_linear.cpp"),
     "int8-weight linear (torch's _weight_int8pack_mm)",
 )
 PANEL = 16  # output channels a panel holds (kPanel in the source)

@@ -1,5 +1,5 @@
 """The model's matmuls one at a time: float32 on oneDNN (the default path) against int8 weights on
-our CPU kernel (kernels/cpu_int8_linear.py) and on torch's `_weight_int8pack_mm`.
+our CPU kernel (kernels/cpu_panel_linear.py) and on torch's `_weight_int8pack_mm`.
 
     pdserve bench int8-linear [--model PATH] [--rows 1,16,64,512] [--calls 50] [--json]
 
@@ -27,7 +27,7 @@ from pdserve.core.model.config import load_model_config
 from pdserve.core.model.gemm import LinearWeight, WeightFormat, linear, prepare
 from pdserve.core.model.precision import quantize_int8
 from pdserve.core.model.source import resolve_model
-from pdserve.kernels import cpu_int8_linear
+from pdserve.kernels import cpu_panel_linear
 
 WARMUP = 5
 TORCH_INT8_MAX_ROWS = 16
@@ -77,7 +77,7 @@ def arms(weight: torch.Tensor, rows: int) -> dict[str, LinearWeight]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if cpu_int8_linear.kernel() is None:
+    if cpu_panel_linear.kernel() is None:
         print("int8-linear: the int8 kernel is not built here (./setup.sh builds it)")
     generator = torch.Generator().manual_seed(0)
     print(f"torch threads {torch.get_num_threads()}, median ms of {args.calls} warm calls")

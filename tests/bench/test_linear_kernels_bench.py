@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from pdserve.bench.micro.int8_linear import model_shapes
+from pdserve.bench.micro.linear_kernels import model_shapes
 from pdserve.cli import main
 
 
