@@ -104,13 +104,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "pdserve.bench.micro.detokenizer",
         "the engine's per-token text cost at output lengths 100-4,000: stream vs whole decode",
     ),
-    "int8-linear": (
+    "linear": (
         "pdserve.bench.micro.linear_kernels",
-        "the model's matmuls one at a time: float32 vs the int8 kernel vs torch's int8 op",
+        "the model's matmuls on each CPU path: panel kernel vs oneDNN, int8 kernel vs torch's",
     ),
     "gemm-backend": (
         "pdserve.bench.micro.gemm_backend",
-        "CPU matmuls on oneDNN vs F.linear (A/B, fresh processes)",
+        "CPU matmuls on the panel kernel vs oneDNN vs F.linear (engine A/B, fresh processes)",
     ),
 }
 

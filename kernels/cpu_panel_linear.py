@@ -1,18 +1,25 @@
-"""Weight-only int8 linear on the CPU (cpu_panel_linear.cpp): float32 activations times int8
-weights with one scale per output channel, the weights widened to float in registers.
+"""Linear on the CPU over weights packed in panels (cpu_panel_linear.cpp): float32 activations
+times float32 weights, or int8 weights with one scale per output channel (widened to float in
+registers).
 
-Why a kernel of our own: torch 2.13's `_weight_int8pack_mm` (the CPU op for this format) ran 3-30x
-slower than the float32 matmul it replaces (12.5 ms for the 49,152 x 576 lm_head at one row,
-against 4.6 ms in float32), so int8 weights saved memory and cost speed. The int8 kernels a
-library ships for x86 (fbgemm's dynamic quantized linear, oneDNN's) quantize the activations too,
-one scale per call: on the default model that took greedy agreement with float32 from 0.98
-(weights alone) to 0.79 (`pdserve bench precision --quantization int8`). This kernel reads a
-quarter of float32's bytes and keeps the activations in float32, so its outputs differ from
-float32's by the weights' rounding alone. docs/kernels.md has its A/B against float32.
+Why a kernel of our own, for each weight type:
+- float32: oneDNN (the previous path, still the fallback: core/model/gemm.py) read the weights at
+  about 20 GB/s at one row, where a 2-thread copy here moves 43-48 GB/s; a decode step at batch 1
+  is almost all weight reads, so that rate was the step. This kernel streams them in order with a
+  software prefetch: over the default model's matmuls of one step it ran 1.6x oneDNN's speed at
+  1 row, 1.4x at 4, 1.2x at 16, 1.04x at 64 and 0.96-0.98x at 256-512 rows (prefill chunks, where
+  both are at the FMA units' peak); docs/kernels.md has the raw runs and the engine A/B.
+- int8: torch 2.13's `_weight_int8pack_mm` (the CPU op for this format) ran 3-30x slower than the
+  float32 matmul it replaces, and the int8 kernels a library ships for x86 (fbgemm's dynamic
+  quantized linear, oneDNN's) quantize the activations too, one scale per call: on the default
+  model that took greedy agreement with float32 from 0.98 (weights alone) to 0.79 (`pdserve bench
+  precision --quantization int8`). This kernel reads a quarter of float32's bytes and keeps the
+  activations in float32, so its outputs differ from float32's by the weights' rounding alone.
 
 The weights are packed at load into panels of 16 output channels, k-major (`pack`); AVX2+FMA
 hosts run the vector path, others a portable loop. Built and loaded as every CPU kernel of ours
-is (cpu_extensions.py); where it is not built, `_weight_int8pack_mm` runs the plain layout.
+is (cpu_extensions.py); where it is not built, core/model/gemm.py runs oneDNN (float32) or
+`_weight_int8pack_mm` (int8) on their own layouts.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from .cpu_extensions import CpuExtension
 EXTENSION = CpuExtension(
     "pdserve_cpu_panel_linear",
     Path(__file__).with_name("cpu_panel_linear.cpp"),
-    "int8-weight linear (torch's _weight_int8pack_mm)",
+    "float32 and int8-weight linear (oneDNN, torch's _weight_int8pack_mm)",
 )
 PANEL = 16  # output channels a panel holds (kPanel in the source)
 
@@ -42,36 +49,38 @@ def kernel() -> ModuleType | None:
 
 
 @dataclass(frozen=True)
-class Int8Panels:
-    panels: (
-        torch.Tensor
-    )  # int8 [ceil(out / 16), in_features, 16]: channel j of panel p at [p, :, j]
-    scales: torch.Tensor  # float32 [ceil(out / 16) * 16], zero past out_features
+class Panels:
+    # float32 or int8 [ceil(out / 16), in_features, 16]: channel j of panel p at [p, :, j]
+    panels: torch.Tensor
+    scales: torch.Tensor | None  # int8: float32 [ceil(out / 16) * 16], zero past out_features
     out_features: int
 
 
-def pack(quantized: torch.Tensor, scales: torch.Tensor) -> Int8Panels:
-    """`quantized` int8 [out, in] and its per-channel `scales`, in the kernel's panel layout."""
-    out_features, in_features = quantized.shape
+def pack(weight: torch.Tensor, scales: torch.Tensor | None = None) -> Panels:
+    """`weight` [out, in] (float32, or int8 with its per-channel `scales`) in the kernel's panel
+    layout; the last panel is zero-padded."""
+    out_features, in_features = weight.shape
     num_panels = -(-out_features // PANEL)
-    padded = torch.zeros(num_panels * PANEL, in_features, dtype=torch.int8)
-    padded[:out_features] = quantized
+    padded = weight.new_zeros(num_panels * PANEL, in_features)
+    padded[:out_features] = weight
+    panels = padded.view(num_panels, PANEL, in_features).transpose(1, 2).contiguous()
+    if scales is None:
+        return Panels(panels, None, out_features)
     padded_scales = torch.zeros(num_panels * PANEL, dtype=torch.float32)
     padded_scales[:out_features] = scales.float()
-    panels = padded.view(num_panels, PANEL, in_features).transpose(1, 2).contiguous()
-    return Int8Panels(panels, padded_scales, out_features)
+    return Panels(panels, padded_scales, out_features)
 
 
-def int8_linear(
+def panel_linear(
     x: torch.Tensor,
     panels: torch.Tensor,
-    scales: torch.Tensor,
+    scales: torch.Tensor | None,
     out_features: int,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """`x @ (q * scales).T + bias` for float32 `x` of any leading shape; `panels`, `scales` and
+    """`x @ W.T + bias` for float32 `x` of any leading shape; `panels`, `scales` and
     `out_features` as `pack` made them."""
     module = kernel()
-    assert module is not None, "int8_linear called where the kernel is not built"
-    out: torch.Tensor = module.int8_linear(x, panels, scales, bias, out_features)
+    assert module is not None, "panel_linear called where the kernel is not built"
+    out: torch.Tensor = module.panel_linear(x, panels, scales, bias, out_features)
     return out

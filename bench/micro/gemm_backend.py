@@ -1,7 +1,7 @@
-"""A/B of the CPU matmul backend (core/model/gemm.py): oneDNN on weights packed at load, oneDNN on
-the plain layout, and `F.linear` (MKL); the first 32 requests of `mixed` at B=16, arms
-alternating, each run in a fresh process so all see the same machine; also the greedy tokens of
-every arm, which must agree.
+"""A/B of the CPU matmul backend (core/model/gemm.py): our panel kernel, oneDNN on weights packed
+at load, oneDNN on the plain layout, and `F.linear` (MKL); the first 32 requests of `mixed` at
+B=16, arms alternating, each run in a fresh process so all see the same machine; also the greedy
+tokens of every arm, which must agree.
 
     pdserve bench gemm-backend [--rounds 2]
 """
@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 
 WORKLOAD = Path(__file__).parents[1] / "offline" / "workloads" / "mixed.json"
-ARMS = ("onednn-packed", "onednn", "mkl")
+ARMS = ("panels", "onednn-packed", "onednn", "mkl")
 
 
 def run_once(arm: str) -> dict[str, object]:
     """Output tokens/s of one continuous-batching pass and its tokens (in a child process)."""
     from pdserve.core.model import gemm
 
+    gemm.FLOAT32_PANELS = arm == "panels"
     gemm.ONEDNN_ON_CPU = arm != "mkl"  # "mkl": what a torch build without oneDNN gets
     gemm.PACKED_FOR_ROWS = gemm.PACKED_FOR_ROWS if arm == "onednn-packed" else 0
     from pdserve.core.llm import LLM

@@ -1,4 +1,10 @@
-"""The model's matmuls: oneDNN for float32 on the CPU, `F.linear` elsewhere.
+"""The model's matmuls: our panel kernel for float32 on the CPU (oneDNN where it is not built),
+`F.linear` elsewhere.
+
+Float32 CPU weights are packed at load into the panels of kernels/cpu_panel_linear.py, whose
+module docstring says why: oneDNN read weights at about 20 GB/s at one row, half the copy
+bandwidth, and a batch-1 decode step is almost all weight reads. Where the kernel is not built
+(no compiler; `PDSERVE_CPU_KERNELS=off`) oneDNN runs, as before it:
 
 On the CPU `F.linear` runs MKL, whose float32 GEMV and small-row GEMMs are slow on the host class
 this project now runs on (an AMD EPYC with AVX-512): the 49,152 x 576 lm_head at one row took
@@ -19,10 +25,9 @@ It replaces an MKL-only path (inputs of 3-15 rows padded to 16, and MKL's packed
 weight reordered for 16 rows: +0.5 GB resident) that paid 10-13 % on the earlier host class and
 lost to oneDNN at every row count here. Other devices and dtypes use `F.linear`.
 
-Int8 weight-only layers (`quantization="int8"`, see precision.py) with float32 activations run our
-CPU kernel (kernels/cpu_panel_linear.py: its panel layout is packed here, once at load); where it
-is not built, or the activations are bfloat16 / float16, torch's `_weight_int8pack_mm` runs the
-plain [out, in] int8 layout.
+Int8 weight-only layers (`quantization="int8"`, see precision.py) with float32 activations run the
+same panel kernel on int8 panels; where it is not built, or the activations are bfloat16 /
+float16, torch's `_weight_int8pack_mm` runs the plain [out, in] int8 layout.
 """
 
 from __future__ import annotations
@@ -38,15 +43,22 @@ from pdserve.kernels import cpu_panel_linear
 
 # torch builds without oneDNN (mkldnn) fall back to F.linear
 ONEDNN_ON_CPU: bool = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+# Float32 CPU weights in the panel kernel's layout where it is built (False: oneDNN's;
+# `pdserve bench gemm-backend` sets both switches per arm).
+FLOAT32_PANELS = True
 # The row count oneDNN's weight layout is chosen for: a decode batch of the default size (0: the
-# plain layout; `pdserve bench gemm-backend` sets it per arm).
+# plain layout).
 PACKED_FOR_ROWS = 16
 
 
 class WeightFormat(Enum):
     FLOAT = "float"  # [out, in] in the model's dtype (oneDNN's packed layout for CPU float32)
-    INT8_PANELS = "int8 panels"  # cpu_panel_linear's panels, float32 activations
+    FLOAT32_PANELS = "float32 panels"  # cpu_panel_linear's panels
+    INT8_PANELS = "int8 panels"  # cpu_panel_linear's panels and scales, float32 activations
     INT8_ROWS = "int8 rows"  # [out, in] int8 for torch's _weight_int8pack_mm
+
+
+PANEL_FORMATS = (WeightFormat.FLOAT32_PANELS, WeightFormat.INT8_PANELS)
 
 
 @dataclass(frozen=True)
@@ -55,12 +67,12 @@ class LinearWeight:
     bias: torch.Tensor | None
     scales: torch.Tensor | None = None  # int8 formats: per output channel (zero-padded in panels)
     format: WeightFormat = WeightFormat.FLOAT
-    out_features: int = 0  # int8 panels: the channels before padding to whole panels
+    out_features: int = 0  # panels: the channels before padding to whole panels
 
     @property
     def features(self) -> tuple[int, int]:
         """(out_features, in_features), whatever the layout."""
-        if self.format is WeightFormat.INT8_PANELS:
+        if self.format in PANEL_FORMATS:
             return self.out_features, self.weight.shape[1]
         return self.weight.shape[0], self.weight.shape[1]
 
@@ -70,6 +82,11 @@ def prepare(
 ) -> LinearWeight:
     if quantization == "int8":
         return _prepare_int8(weight, bias)
+    if _float32_panels_on(weight):
+        packed = cpu_panel_linear.pack(weight)
+        return LinearWeight(
+            packed.panels, bias, None, WeightFormat.FLOAT32_PANELS, packed.out_features
+        )
     if PACKED_FOR_ROWS and _runs_on_onednn(weight, weight):
         weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACKED_FOR_ROWS)
     return LinearWeight(weight, bias)
@@ -85,9 +102,20 @@ def _prepare_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearWeig
     return LinearWeight(quantized, bias, scales, WeightFormat.INT8_ROWS)
 
 
+def _float32_panels_on(weight: torch.Tensor) -> bool:
+    return (
+        FLOAT32_PANELS
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and cpu_panel_linear.kernel() is not None
+    )
+
+
 def cpu_float32_backend() -> str:
     """What runs float32 matmuls on the CPU, for whoever keys measurements by it (host profiles:
-    a profile of one backend misprices another by up to 1.4x at 16 rows)."""
+    a profile of one backend misprices another by up to 1.6x)."""
+    if _float32_panels_on(torch.empty(0)):
+        return "panels"
     if not ONEDNN_ON_CPU:
         return "F.linear"
     return f"onednn-packed{PACKED_FOR_ROWS}" if PACKED_FOR_ROWS else "onednn"
@@ -99,10 +127,9 @@ def weight_bytes(layer: LinearWeight) -> int:
 
 
 def linear(x: torch.Tensor, layer: LinearWeight) -> torch.Tensor:
-    """`F.linear(x, layer.weight, layer.bias)`, on oneDNN for float32 on the CPU."""
-    if layer.format is WeightFormat.INT8_PANELS:
-        assert layer.scales is not None
-        return cpu_panel_linear.int8_linear(
+    """`F.linear(x, weight, layer.bias)` for the layer's weight in its format."""
+    if layer.format in PANEL_FORMATS:
+        return cpu_panel_linear.panel_linear(
             x, layer.weight, layer.scales, layer.out_features, layer.bias
         )
     if layer.format is WeightFormat.INT8_ROWS:

@@ -1,4 +1,5 @@
-"""`pdserve bench int8-linear`: a row per row count and model shape, every arm timed."""
+"""`pdserve bench linear`: a row per row count and model shape (or per row count with `--step`),
+every arm that runs here timed."""
 
 from __future__ import annotations
 
@@ -7,22 +8,41 @@ import shutil
 
 import pytest
 
-from pdserve.bench.micro.linear_kernels import model_shapes
+from pdserve.bench.micro.linear_kernels import model_shapes, step_shapes
 from pdserve.cli import main
 
 
-def test_every_model_shape_at_every_row_count(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "int8-linear", "--rows", "1,20", "--calls", "1", "--json"]) == 0
+def _arms(rows: int) -> list[str]:
+    kernel_arms = ["float32 panels", "int8 panels"] if shutil.which("c++") else []
+    return ["float32 onednn", *kernel_arms] + (["int8 torch"] if rows <= 16 else [])
+
+
+def _rows(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
     lines = capsys.readouterr().out.splitlines()
-    rows = [json.loads(line) for line in lines if line.startswith("{")]
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def test_every_model_shape_at_every_row_count(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "linear", "--rows", "1,20", "--calls", "1", "--json"]) == 0
+    rows = _rows(capsys)
     shapes = model_shapes(None)
     # SmolLM2-135M: fused QKV, o_proj, fused gate/up, down, the lm_head
     assert shapes == [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]
     assert [(r["rows"], r["out_features"], r["in_features"]) for r in rows] == [
         (n, *shape) for n in (1, 20) for shape in shapes
     ]
-    kernel_arm = ["int8 kernel"] if shutil.which("c++") else []
     for row in rows:
-        arms = ["float32 onednn", *kernel_arm] + (["int8 torch"] if row["rows"] <= 16 else [])
+        arms = _arms(int(str(row["rows"])))
         assert set(row) == {"rows", "out_features", "in_features", *arms}
-        assert all(row[arm] > 0 for arm in arms)
+        assert all(float(str(row[arm])) > 0 for arm in arms)
+
+
+def test_a_step_runs_every_layer_weight_once_per_arm(capsys: pytest.CaptureFixture[str]) -> None:
+    shapes = step_shapes(None)
+    assert len(shapes) == 30 * 4 + 1 and shapes[-1] == (49152, 576)
+    assert main(["bench", "linear", "--step", "--rows", "2", "--calls", "1", "--json"]) == 0
+    (row,) = _rows(capsys)
+    assert set(row) == {"rows", *_arms(2)}
+    for arm in _arms(2):
+        cell = row[arm]
+        assert isinstance(cell, dict) and cell["ms"] > 0 and cell["gb_per_s"] > 0
