@@ -6,9 +6,9 @@ Why a kernel of our own, for each weight type:
 - float32: oneDNN (the previous path, still the fallback: core/model/gemm.py) read the weights at
   about 20 GB/s at one row, where a 2-thread copy here moves 43-48 GB/s; a decode step at batch 1
   is almost all weight reads, so that rate was the step. This kernel streams them in order with a
-  software prefetch: over the default model's matmuls of one step it ran 1.6x oneDNN's speed at
-  1 row, 1.4x at 4, 1.2x at 16, 1.04x at 64 and 0.96-0.98x at 256-512 rows (prefill chunks, where
-  both are at the FMA units' peak); docs/kernels.md has the raw runs and the engine A/B.
+  software prefetch: faster than oneDNN over a step's matmuls from 1 to 64 rows, level at prefill
+  chunks of 512 (both at the FMA units' peak there); docs/kernels.md has the measurements
+  (`pdserve bench linear --step`) and the engine A/B.
 - int8: torch 2.13's `_weight_int8pack_mm` (the CPU op for this format) ran 3-30x slower than the
   float32 matmul it replaces, and the int8 kernels a library ships for x86 (fbgemm's dynamic
   quantized linear, oneDNN's) quantize the activations too, one scale per call: on the default

@@ -166,6 +166,10 @@ def test_prompts_queued_for_a_draining_decode_worker_follow_their_reservations(
         worker_args=(*WORKER_ARGS, "--no-prefix-cache"),
         prefill_args=SLOW_PREFILL,
         drain_grace_seconds=60.0,
+        # The router learns of the drain at its next Load poll; the whole prefill queue takes
+        # 1-2 s on the current engine, so the default 0.5 s poll could find every prompt
+        # reserved on decode-0 already started (0 redirects, seen in suite runs).
+        router_args=("--load-poll-interval-seconds", "0.1"),
     )
     leaving = cluster.decode[0]
     indices = [4 + i % 4 for i in range(QUEUED_REQUESTS)]  # 63..500 tokens
