@@ -226,4 +226,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_linear", &panel_linear, "x . W^T + bias over W in panels (float32, or int8 * scales)",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("scales"), pybind11::arg("bias"),
         pybind11::arg("out_features"), pybind11::arg("vectorized") = true);
+  m.def("vectorized_here", &has_avx2_fma, "whether this CPU runs the AVX2 + FMA path");
 }

@@ -48,6 +48,13 @@ def kernel() -> ModuleType | None:
     return EXTENSION.load()
 
 
+@cache
+def vectorized_here() -> bool:
+    """Whether the built kernel runs its AVX2 + FMA path on this CPU (else its portable loop)."""
+    module = kernel()
+    return module is not None and bool(module.vectorized_here())
+
+
 @dataclass(frozen=True)
 class Panels:
     # float32 or int8 [ceil(out / 16), in_features, 16]: channel j of panel p at [p, :, j]

@@ -103,11 +103,13 @@ def _prepare_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearWeig
 
 
 def _float32_panels_on(weight: torch.Tensor) -> bool:
+    """The panels where their vector path runs; a CPU without AVX2 + FMA keeps oneDNN for float32
+    (the portable loop was never measured against it). int8 takes the panels on any CPU."""
     return (
         FLOAT32_PANELS
         and weight.device.type == "cpu"
         and weight.dtype == torch.float32
-        and cpu_panel_linear.kernel() is not None
+        and cpu_panel_linear.vectorized_here()
     )
 
 

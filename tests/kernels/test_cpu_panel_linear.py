@@ -143,3 +143,14 @@ def test_switched_off_torch_runs_the_same_layer(module: ModuleType, quantization
     )
     in_panels = module.panel_linear(x, packed.panels, packed.scales, bias, 40)
     torch.testing.assert_close(in_panels, linear(x, plain), rtol=1e-5, atol=1e-5)
+
+
+def test_a_cpu_without_the_vector_path_keeps_onednn_for_float32(
+    module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    assert cpu_panel_linear.vectorized_here() is avx2
+    monkeypatch.setattr(cpu_panel_linear, "vectorized_here", lambda: False)
+    assert prepare(torch.randn(40, 24)).format is WeightFormat.FLOAT
+    assert prepare(torch.randn(40, 24), None, "int8").format is WeightFormat.INT8_PANELS
+    assert cpu_float32_backend() != "panels"
