@@ -82,11 +82,8 @@ def prepare(
 ) -> LinearWeight:
     if quantization == "int8":
         return _prepare_int8(weight, bias)
-    if _float32_panels_on(weight):
-        packed = cpu_panel_linear.pack(weight)
-        return LinearWeight(
-            packed.panels, bias, None, WeightFormat.FLOAT32_PANELS, packed.out_features
-        )
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and _float32_panels_here():
+        return _panel_layer(cpu_panel_linear.pack(weight), bias, WeightFormat.FLOAT32_PANELS)
     if PACKED_FOR_ROWS and _runs_on_onednn(weight, weight):
         weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACKED_FOR_ROWS)
     return LinearWeight(weight, bias)
@@ -96,27 +93,26 @@ def _prepare_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearWeig
     quantized, scales = quantize_int8(weight)
     if weight.dtype == torch.float32 and cpu_panel_linear.kernel() is not None:
         packed = cpu_panel_linear.pack(quantized, scales)
-        return LinearWeight(
-            packed.panels, bias, packed.scales, WeightFormat.INT8_PANELS, packed.out_features
-        )
+        return _panel_layer(packed, bias, WeightFormat.INT8_PANELS)
     return LinearWeight(quantized, bias, scales, WeightFormat.INT8_ROWS)
 
 
-def _float32_panels_on(weight: torch.Tensor) -> bool:
+def _panel_layer(
+    packed: cpu_panel_linear.Panels, bias: torch.Tensor | None, format: WeightFormat
+) -> LinearWeight:
+    return LinearWeight(packed.panels, bias, packed.scales, format, packed.out_features)
+
+
+def _float32_panels_here() -> bool:
     """The panels where their vector path runs; a CPU without AVX2 + FMA keeps oneDNN for float32
     (the portable loop was never measured against it). int8 takes the panels on any CPU."""
-    return (
-        FLOAT32_PANELS
-        and weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and cpu_panel_linear.vectorized_here()
-    )
+    return FLOAT32_PANELS and cpu_panel_linear.vectorized_here()
 
 
 def cpu_float32_backend() -> str:
     """What runs float32 matmuls on the CPU, for whoever keys measurements by it (host profiles:
     a profile of one backend misprices another by up to 1.6x)."""
-    if _float32_panels_on(torch.empty(0)):
+    if _float32_panels_here():
         return "panels"
     if not ONEDNN_ON_CPU:
         return "F.linear"
