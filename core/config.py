@@ -26,6 +26,7 @@ class SchedulingPolicy(enum.Enum):
     FCFS = "fcfs"
     PRIORITY = "priority"  # higher `priority` first, then arrival
     SJF = "sjf"  # least remaining work first, aged by arrival (see Scheduler._rank)
+    FAIR = "fair"  # the least-served tenant first, by weight (core/sched/fair_share.py)
 
 
 @dataclass(frozen=True)

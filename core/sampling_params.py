@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pdserve.core.structured.params import StructuredOutputsParams
 
+# The tenant of a request that names none (the router's default tenant too).
+DEFAULT_TENANT = "default"
+
 # Sample i of a request with n > 1 runs as `<request id>/<i>`, in the engine and at the router.
 SAMPLE_SEPARATOR = "/"
 
@@ -39,6 +42,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     priority: int = 0  # higher runs first under the `priority` policy
+    # Who the request is for, and that tenant's weight: under the `fair` policy tenants share
+    # the worker's steps in proportion to their weights (core/sched/fair_share.py). The router
+    # stamps both from its --tenants file.
+    tenant: str = DEFAULT_TENANT
+    tenant_weight: float = 1.0
     n: int = 1  # completions of the prompt; they share its KV blocks (copy-on-write)
     # What the output must follow (vLLM's name: SamplingParams.structured_outputs).
     structured_outputs: StructuredOutputsParams | None = None
@@ -61,6 +69,11 @@ class SamplingParams:
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, minimum=0)
         _check_structured(self.structured_outputs)
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise InvalidRequestError("tenant", "must be a non-empty string")
+        _check_number("tenant_weight", self.tenant_weight)
+        if not self.tenant_weight > 0:
+            raise InvalidRequestError("tenant_weight", f"must be > 0, got {self.tenant_weight}")
 
     @property
     def greedy(self) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 
+from pdserve.core.sampling_params import DEFAULT_TENANT
 from pdserve.router import metrics
 from pdserve.router.clock import Deadline, RequestClock
 from pdserve.router.config import RouterConfig
@@ -28,7 +29,7 @@ from pdserve.router.dispatch import Dispatcher
 from pdserve.router.errors import RouterError
 from pdserve.router.places import Holder, Places, Refused
 from pdserve.router.samples import stream_count
-from pdserve.router.tenants import DEFAULT_TENANT, TenantBuckets, TenantConfig
+from pdserve.router.tenants import TenantBuckets, TenantConfig
 from pdserve.router.validation import RequestValidator, ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, generation_pb2
 
@@ -75,7 +76,8 @@ class Admission:
             self._count(tenant, "admitted")
             for _ in range(holder.streams):
                 metrics.ADMITTED_PROMPT_TOKENS.observe(len(valid.prompt_token_ids))
-            yield dataclasses.replace(valid, places=holder)
+            weight = self.tenants.weight(tenant)
+            yield dataclasses.replace(valid, places=holder, tenant=tenant, tenant_weight=weight)
         except asyncio.CancelledError:
             if holder.displaced_by is None or task is None:
                 raise

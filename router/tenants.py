@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-DEFAULT_TENANT = "default"
+from pdserve.core.sampling_params import DEFAULT_TENANT
+
 TENANT_HEADER = "x-pdserve-tenant"
 MAX_TENANT_NAME = 64
 

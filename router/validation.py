@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pdserve.core.model.config import load_model_config
-from pdserve.core.sampling_params import InvalidRequestError, SamplingParams
+from pdserve.core.sampling_params import DEFAULT_TENANT, InvalidRequestError, SamplingParams
 from pdserve.core.serving.sampling_proto import sampling_from_proto, sampling_to_proto
 from pdserve.core.text.chat import ChatTokenizer
 from pdserve.core.text.tokenizer import load_tokenizer
@@ -85,6 +85,10 @@ class ValidatedRequest:
     # The --max-queue places it holds (router/places.py): its first token marks it started, no
     # longer displaceable. None for requests that hold none (benchmarks' direct dispatches).
     places: Holder | None = None
+    # Its tenant (router/tenants.py) and that tenant's weight, which the workers' `fair` policy
+    # shares their steps by.
+    tenant: str = DEFAULT_TENANT
+    tenant_weight: float = 1.0
 
     def to_work(
         self, resumed_output_token_ids: Sequence[int] | None = None
@@ -100,6 +104,8 @@ class ValidatedRequest:
             sampling=self.sampling,
             priority=self.priority,
             resumed_output_token_ids=resumed_output_token_ids,
+            tenant=self.tenant,
+            tenant_weight=self.tenant_weight,
         )
 
     @property

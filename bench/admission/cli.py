@@ -2,7 +2,7 @@
 
     pdserve bench admission [--model PATH] [--workload SPEC] [--rates R,...] [--duration S]
         [--repeats N] [--admission off,queue,predict] [--max-queue Q] [--tenants FILE]
-        [--flood NAME] [--flood-factor F] [--json]
+        [--flood NAME] [--flood-factor F] [--policy P] [--json]
 
 Every arm is the same deployment as `bench disagg`'s adaptive arm (1 prefill + 1 decode worker,
 one core each, adaptive placement on this host's profile), the same requests at the same
@@ -22,10 +22,12 @@ A row per arm and rate (the repeats pooled): `{"arm", "rate", "attainment_admitt
 its weighted share of each rate as a client of its own, with its tenant header: a row per arm,
 rate, scenario and tenant; `--flood NAME` runs every point with that tenant silent (`alone`) and
 sending `--flood-factor` (5) times its share (`flood`), the others the same requests both times
-(bench/admission/tenants.py). goodput: requests that met their SLOs per second of arrivals
-(refused ones never do); prediction_error_p50: the predict arm's median
-|measured / predicted TTFT - 1| of admitted requests, read from the router's histogram
-`pdserve_router_ttft_prediction_ratio` (so to its buckets' resolution).
+(bench/admission/tenants.py). `--policy` is the workers' scheduling policy (default fcfs;
+`fair` shares each worker's steps between tenants by weight: core/sched/fair_share.py).
+goodput: requests that met their SLOs per second of arrivals (refused ones never do);
+prediction_error_p50: the predict arm's median |measured / predicted TTFT - 1| of admitted
+requests, read from the router's histogram `pdserve_router_ttft_prediction_ratio` (so to its
+buckets' resolution).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from pdserve.bench.disagg.workload import (
     plan_requests,
     point_seed,
 )
+from pdserve.core.config import SchedulingPolicy
 from pdserve.costmodel.host_profile import host_profile
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.stats import percentile
@@ -103,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--flood", default=None, help="with --tenants: this tenant floods")
     parser.add_argument("--flood-factor", type=float, default=5.0, help="times its share")
+    parser.add_argument(
+        "--policy",
+        choices=[policy.value for policy in SchedulingPolicy],
+        default=SchedulingPolicy.FCFS.value,
+        help="the workers' scheduling policy (fair: tenants share steps by weight)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed of the run's requests")
     parser.add_argument("--json", action="store_true", help="one JSON object per arm and rate")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep worker logs here")
@@ -213,7 +222,10 @@ def _run_arm(
 ) -> list[Sent]:
     router = _router_flags(mode, args)
     log_dir = None if args.log_dir is None else args.log_dir / mode
-    with running_arm(ARMS["adaptive"], model_dir, settings.arms, log_dir, router) as cluster:
+    workers = ("--policy", args.policy)
+    with running_arm(
+        ARMS["adaptive"], model_dir, settings.arms, log_dir, router, workers
+    ) as cluster:
         send_plan(cluster.router.address, warmup, rate=None, schedule_seed=0)
         sent: list[Sent] = []
         for point in points:

@@ -77,11 +77,13 @@ def running_arm(
     settings: ArmSettings,
     log_dir: Path | None,
     extra_router_args: tuple[str, ...] = (),
+    extra_worker_args: tuple[str, ...] = (),
 ) -> Iterator[Cluster]:
-    """Starts the arm's router (with `extra_router_args` after its own) and pinned workers;
+    """Starts the arm's router and pinned workers (each with the extra flags after its own);
     yields the ready cluster."""
     worker_args, router_args = worker_and_router_flags(arm, settings)
     router_args = (*router_args, *extra_router_args)
+    worker_args = (*worker_args, *extra_worker_args)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=arm.num_prefill,

@@ -46,6 +46,7 @@ from __future__ import annotations
 from pdserve.core.config import EngineConfig, SchedulingPolicy
 from pdserve.core.kv.manager import KVCacheManager
 from pdserve.core.request import Request, RequestStatus
+from pdserve.core.sched.fair_share import TenantCounters
 from pdserve.core.sched.step_plan import (
     SchedulerOutput as SchedulerOutput,  # re-exported: imported from here
 )
@@ -66,10 +67,13 @@ class Scheduler:
         # Caps each step's prompt tokens so that streams decoding in it keep their ITL (None:
         # only max_num_batched_tokens; set by a worker started with --itl-slo).
         self.step_budget: StepBudget | None = None
+        self.tenant_counters = TenantCounters()  # kept and read under the `fair` policy only
 
     # -- queue management -------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
+        if self.config.policy is SchedulingPolicy.FAIR:
+            self.tenant_counters.join(request.params.tenant, self._tenants_with_work())
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
@@ -79,6 +83,10 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def _tenants_with_work(self) -> set[str]:
+        queues = (self.waiting, self.running, self.swapped)
+        return {request.params.tenant for queue in queues for request in queue}
 
     def has_queued(self) -> bool:
         """Whether requests wait to (re)join the batch: preempted, swapped, or their KV here."""
@@ -209,6 +217,8 @@ class Scheduler:
         blocks the window passed go back to the pool (in that order, so they stay cached)."""
         num_computed_before = request.num_computed_tokens
         request.num_computed_tokens += num_new
+        if self.config.policy is SchedulingPolicy.FAIR:
+            self.tenant_counters.charge(request, num_new)
         self.kv_manager.cache_filled(request, num_computed_before)
         self.kv_manager.slide(request)
         if request.forks and request.num_computed_tokens == request.fork_point:
@@ -257,8 +267,11 @@ class Scheduler:
         self.num_swaps_out += 1
         self.swapped.append(request)
 
-    def _rank(self, request: Request) -> tuple[int, int, int]:
+    def _rank(self, request: Request) -> tuple[float, int, int]:
         """Sort key: smaller runs first. The worst request is the max.
+
+        `fair` ranks by the tokens its tenant was served over its weight (fair_share.py), so the
+        least-served tenant runs first and is preempted last.
 
         `sjf` ranks by remaining work (prompt tokens still to compute + output tokens still to
         generate) plus `sjf_aging_tokens` per arrival before it. A waiting request's work is fixed,
@@ -271,4 +284,6 @@ class Scheduler:
         if self.config.policy is SchedulingPolicy.SJF:
             age = self.config.sjf_aging_tokens * request.arrival_order
             return (request.remaining_work + age, *order)
+        if self.config.policy is SchedulingPolicy.FAIR:
+            return (self.tenant_counters.served(request.params.tenant), *order)
         return (0, *order)

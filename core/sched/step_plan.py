@@ -55,7 +55,7 @@ class StepPlan:
         self.copies: list[tuple[int, int]] = []
         self.preempted: list[str] = []
         self.drafts: dict[str, tuple[int, ...]] = {}
-        self.best_preempted: tuple[int, int, int] | None = (
+        self.best_preempted: tuple[float, int, int] | None = (
             None  # rank of the best request preempted
         )
 

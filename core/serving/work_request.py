@@ -9,9 +9,9 @@ fits this worker's pool): one InvalidRequestError naming the field, as at the ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pdserve.core.sampling_params import SamplingParams
+from pdserve.core.sampling_params import DEFAULT_TENANT, SamplingParams
 from pdserve.core.serving.sampling_proto import sampling_from_proto
 from pdserve.v1 import common_pb2
 
@@ -25,9 +25,14 @@ class WorkRequest:
 
 
 def work_from_proto(message: common_pb2.WorkRequest) -> WorkRequest:
+    params = replace(  # a weight <= 0 or NaN is refused naming `tenant_weight`
+        sampling_from_proto(message.sampling, message.priority),
+        tenant=message.tenant or DEFAULT_TENANT,
+        tenant_weight=message.tenant_weight or 1.0,
+    )
     return WorkRequest(
         request_id=message.request_id,
         prompt_token_ids=list(message.prompt_token_ids),
-        params=sampling_from_proto(message.sampling, message.priority),
+        params=params,
         resumed_output_token_ids=list(message.resumed_output_token_ids),
     )

@@ -24,6 +24,7 @@ import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from pdserve.core.sampling_params import DEFAULT_TENANT
 from pdserve.router import metrics
 from pdserve.router.admission import Admission, is_finished, usage
 from pdserve.router.clock import Deadline, RequestClock
@@ -31,7 +32,6 @@ from pdserve.router.errors import to_status
 from pdserve.router.http.errors import api_error
 from pdserve.router.http.responses import Answer, Body, Completion, Endpoint, finish_reason
 from pdserve.router.samples import clocks_for, gather_all, interleave, sample_requests
-from pdserve.router.tenants import DEFAULT_TENANT
 from pdserve.router.validation import ValidatedRequest
 from pdserve.v1 import common_pb2, decode_pb2, generation_pb2
 

@@ -33,7 +33,7 @@ from pdserve.core.config import EngineConfig
 from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.kv.sliding_window import first_visible_position
 from pdserve.core.request import Request, RequestStatus
-from pdserve.core.sampling_params import SamplingParams, sample_ids
+from pdserve.core.sampling_params import DEFAULT_TENANT, SamplingParams, sample_ids
 from pdserve.core.sched.scheduler import Scheduler, SchedulerOutput
 from pdserve.core.spec.speculator import Speculator
 
@@ -135,6 +135,8 @@ class Arrival:
     abort_after: int | None = None  # aborted this many steps after arriving (between steps)
     shared_prefix: int = 0  # leading prompt tokens every request with this field shares
     n: int = 1  # samples, as SamplingParams.n: sample ids are "<order>/<index>"
+    tenant: str = DEFAULT_TENANT
+    tenant_weight: float = 1.0
 
     def prompt(self, order: int) -> list[int]:
         shared = min(self.shared_prefix, self.prompt_len)
@@ -291,7 +293,11 @@ class Simulation:
     def _arrive(self, order: int, arrival: Arrival) -> None:
         """Queues the samples as LLMEngine.add_request does: the first one leads, others fork."""
         params = SamplingParams(
-            max_tokens=arrival.max_tokens, priority=arrival.priority, n=arrival.n
+            max_tokens=arrival.max_tokens,
+            priority=arrival.priority,
+            n=arrival.n,
+            tenant=arrival.tenant,
+            tenant_weight=arrival.tenant_weight,
         )
         samples = []
         for index, sample_id in enumerate(sample_ids(str(order), arrival.n)):
