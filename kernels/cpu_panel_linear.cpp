@@ -27,6 +27,10 @@ namespace {
 constexpr int64_t kPanel = 16;  // output channels a panel holds: two vectors of 8 floats
 constexpr int64_t kMaxRows = 6;  // input rows a tile holds: 12 sums + 2 weights + 1 input in 16 registers
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of the walk weights are asked for
+constexpr int kMaxLanes512 = 24;  // AVX-512 tiles: 24 sums + 8 weights in 32 registers
+
+// The vector paths, narrowest first (kernels/cpu_panel_linear.py `VectorPath`).
+constexpr int64_t kPortable = 0, kAvx2 = 1, kAvx512 = 2;
 
 // `Weight` is float (no scales) or int8_t (scales).
 template <typename Weight>
@@ -158,18 +162,161 @@ void one_panel_avx2(const Problem<Weight>& p, int64_t panel) {
 
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+
+// 16 weights (one panel row) as floats in one register.
+inline __attribute__((always_inline)) __m512 load16(const int8_t* bytes) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(packed));
+}
+inline __attribute__((always_inline)) __m512 load16(const float* weights) {
+  return _mm512_loadu_ps(weights);
+}
+
+// The weight register of panel `q`, k step `c` of a tile (at most 8 in use).
+template <int I>
+inline __attribute__((always_inline)) __m512& weight_register(__m512& w0, __m512& w1, __m512& w2,
+                                                              __m512& w3, __m512& w4, __m512& w5,
+                                                              __m512& w6, __m512& w7) {
+  if constexpr (I == 0) return w0;
+  else if constexpr (I == 1) return w1;
+  else if constexpr (I == 2) return w2;
+  else if constexpr (I == 3) return w3;
+  else if constexpr (I == 4) return w4;
+  else if constexpr (I == 5) return w5;
+  else if constexpr (I == 6) return w6;
+  else return w7;
+}
+
+// Sums for `Rows` input rows x `Panels` adjacent panels over all of k, in named registers as in
+// the AVX2 path, one register per row and panel (16 channels). Two panels share each broadcast
+// input: 24 multiply-adds per k step for 2 weight loads and 12 broadcasts at 12 rows (one panel
+// alone would load as often as it multiplies). Lane v holds panel v % Panels, row
+// (v / Panels) % Rows, over the k steps congruent to v / (Panels * Rows).
+#define PDSERVE_LANE512(v)                                                                    \
+  if constexpr ((v) < Panels * Rows * Chains) {                                               \
+    constexpr int q = (v) % Panels, r = ((v) / Panels) % Rows, c = (v) / (Panels * Rows);     \
+    __m512& w = weight_register<q + Panels * c>(w0, w1, w2, w3, w4, w5, w6, w7);              \
+    if constexpr (r == 0) {                                                                   \
+      const Weight* at = weights + q * panel_stride + (k + c) * kPanel;                       \
+      if (kStepsPerLine == 1 || (k + c) % kStepsPerLine == 0) {                               \
+        _mm_prefetch(reinterpret_cast<const char*>(at) + kPrefetchBytes, _MM_HINT_T0);        \
+      }                                                                                       \
+      w = load16(at);                                                                         \
+    }                                                                                         \
+    acc##v = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k_size + k + c]), w, acc##v);              \
+  }
+#define PDSERVE_TAIL_LANE512(v)                                                               \
+  if constexpr ((v) < Panels * Rows) {                                                        \
+    constexpr int q = (v) % Panels, r = (v) / Panels;                                         \
+    __m512& w = weight_register<q>(w0, w1, w2, w3, w4, w5, w6, w7);                           \
+    if constexpr (r == 0) w = load16(weights + q * panel_stride + k * kPanel);                \
+    acc##v = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k_size + k]), w, acc##v);                   \
+  }
+#define PDSERVE_LANES512(M)                                                                   \
+  M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16) \
+  M(17) M(18) M(19) M(20) M(21) M(22) M(23)
+
+template <typename Weight, int Panels, int Rows, int Chains>
+inline __attribute__((always_inline)) void tile_avx512(const Problem<Weight>& p, int64_t panel,
+                                                       int64_t row) {
+  static_assert(Panels * Rows * Chains <= kMaxLanes512 && Panels * Chains <= 8,
+                "24 sums and 8 weights at most: 32 registers");
+  constexpr int64_t kStepsPerLine = 64 / (kPanel * sizeof(Weight));
+  const int64_t k_size = p.in_features, panel_stride = k_size * kPanel;
+  const float* x = p.x + row * k_size;
+  const Weight* weights = p.panels + panel * panel_stride;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0,
+         acc5 = acc0, acc6 = acc0, acc7 = acc0, acc8 = acc0, acc9 = acc0, acc10 = acc0,
+         acc11 = acc0, acc12 = acc0, acc13 = acc0, acc14 = acc0, acc15 = acc0, acc16 = acc0,
+         acc17 = acc0, acc18 = acc0, acc19 = acc0, acc20 = acc0, acc21 = acc0, acc22 = acc0,
+         acc23 = acc0;
+  __m512 w0, w1, w2, w3, w4, w5, w6, w7;
+  int64_t k = 0;
+  for (; k + Chains <= k_size; k += Chains) {
+    PDSERVE_LANES512(PDSERVE_LANE512)
+  }
+  for (; k < k_size; ++k) {
+    PDSERVE_LANES512(PDSERVE_TAIL_LANE512)
+  }
+  const __m512 accs[kMaxLanes512] = {acc0,  acc1,  acc2,  acc3,  acc4,  acc5,  acc6,  acc7,
+                                     acc8,  acc9,  acc10, acc11, acc12, acc13, acc14, acc15,
+                                     acc16, acc17, acc18, acc19, acc20, acc21, acc22, acc23};
+  for (int q = 0; q < Panels; ++q) {
+    for (int r = 0; r < Rows; ++r) {
+      __m512 sum = accs[q + Panels * r];
+      for (int c = 1; c < Chains; ++c) sum = _mm512_add_ps(sum, accs[q + Panels * (r + Rows * c)]);
+      alignas(64) float sums[kPanel];
+      _mm512_store_ps(sums, sum);
+      store_row(p, row + r, (panel + q) * kPanel, sums);
+    }
+  }
+}
+#undef PDSERVE_LANE512
+#undef PDSERVE_TAIL_LANE512
+#undef PDSERVE_LANES512
+
+// Two adjacent panels (`panel`, `panel + 1`), tiles of 12 rows; fewer rows take more chains.
+template <typename Weight>
+void two_panels_avx512(const Problem<Weight>& p, int64_t panel) {
+  int64_t row = 0;
+  for (; row + 12 <= p.rows; row += 12) tile_avx512<Weight, 2, 12, 1>(p, panel, row);
+  switch (p.rows - row) {
+    case 11: tile_avx512<Weight, 2, 11, 1>(p, panel, row); break;
+    case 10: tile_avx512<Weight, 2, 10, 1>(p, panel, row); break;
+    case 9: tile_avx512<Weight, 2, 9, 1>(p, panel, row); break;
+    case 8: tile_avx512<Weight, 2, 8, 1>(p, panel, row); break;
+    case 7: tile_avx512<Weight, 2, 7, 1>(p, panel, row); break;
+    case 6: tile_avx512<Weight, 2, 6, 1>(p, panel, row); break;
+    case 5: tile_avx512<Weight, 2, 5, 1>(p, panel, row); break;
+    case 4: tile_avx512<Weight, 2, 4, 1>(p, panel, row); break;
+    case 3: tile_avx512<Weight, 2, 3, 2>(p, panel, row); break;
+    case 2: tile_avx512<Weight, 2, 2, 2>(p, panel, row); break;
+    case 1: tile_avx512<Weight, 2, 1, 4>(p, panel, row); break;
+    default: break;
+  }
+}
+
+#pragma GCC pop_options
+
 bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
 #else
 template <typename Weight>
 void one_panel_avx2(const Problem<Weight>& p, int64_t panel) { one_panel_portable(p, panel); }
+template <typename Weight>
+void two_panels_avx512(const Problem<Weight>& p, int64_t panel) {
+  one_panel_portable(p, panel);
+  one_panel_portable(p, panel + 1);
+}
 bool has_avx2_fma() { return false; }
+bool has_avx512() { return false; }
 #endif
 
+// The widest vector path this CPU runs (a `VectorPath`).
+int64_t widest_path_here() {
+  static const int64_t widest = has_avx512() && has_avx2_fma() ? kAvx512 : has_avx2_fma() ? kAvx2 : kPortable;
+  return widest;
+}
+
 template <typename Weight>
-void run_panels(const Problem<Weight>& problem, int64_t num_panels, bool vectorized) {
+void run_panels(const Problem<Weight>& problem, int64_t num_panels, int64_t path) {
+  if (path == kAvx512) {  // threads split pairs of panels; an odd last one runs alone on AVX2
+    at::parallel_for(0, (num_panels + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t pair = begin; pair < end; ++pair) {
+        if (2 * pair + 1 < num_panels) {
+          two_panels_avx512(problem, 2 * pair);
+        } else {
+          one_panel_avx2(problem, 2 * pair);
+        }
+      }
+    });
+    return;
+  }
   at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t panel = begin; panel < end; ++panel) {
-      if (vectorized) {
+      if (path == kAvx2) {
         one_panel_avx2(problem, panel);
       } else {
         one_panel_portable(problem, panel);
@@ -178,10 +325,10 @@ void run_panels(const Problem<Weight>& problem, int64_t num_panels, bool vectori
   });
 }
 
-// `scales` for int8 panels, none for float32 ones. `vectorized` false runs the portable loop even
-// where AVX2 and FMA exist (the tests check both).
+// `scales` for int8 panels, none for float32 ones. `path` is the widest vector path to run (the
+// tests and `bench linear` run each one this CPU has; a wider one than it has runs the widest).
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, std::optional<torch::Tensor> scales,
-                           std::optional<torch::Tensor> bias, int64_t out_features, bool vectorized) {
+                           std::optional<torch::Tensor> bias, int64_t out_features, int64_t path) {
   TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "x, panels: CPU tensors only");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() >= 1, "x: float32 only");
   const bool int8 = panels.scalar_type() == torch::kInt8;
@@ -204,18 +351,18 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, std::optional<
   auto out = torch::empty({flat.size(0), out_features}, x.options());
   const torch::Tensor bias_tensor = bias ? bias->contiguous() : torch::Tensor();
   const float* bias_data = bias ? bias_tensor.data_ptr<float>() : nullptr;
-  static const bool host_has_avx2_fma = has_avx2_fma();
-  vectorized = vectorized && host_has_avx2_fma;
+  TORCH_CHECK(path >= kPortable && path <= kAvx512, "path: 0 (portable), 1 (AVX2), 2 (AVX-512)");
+  path = std::min(path, widest_path_here());
   if (int8) {
     const Problem<int8_t> problem{flat.data_ptr<float>(), panels.data_ptr<int8_t>(),
                                   scales->data_ptr<float>(), bias_data, out.data_ptr<float>(),
                                   flat.size(0), in_features, out_features};
-    run_panels(problem, panels.size(0), vectorized);
+    run_panels(problem, panels.size(0), path);
   } else {
     const Problem<float> problem{flat.data_ptr<float>(), panels.data_ptr<float>(), nullptr,
                                  bias_data, out.data_ptr<float>(), flat.size(0), in_features,
                                  out_features};
-    run_panels(problem, panels.size(0), vectorized);
+    run_panels(problem, panels.size(0), path);
   }
   return out.view(out_shape);
 }
@@ -225,6 +372,6 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, std::optional<
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_linear", &panel_linear, "x . W^T + bias over W in panels (float32, or int8 * scales)",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("scales"), pybind11::arg("bias"),
-        pybind11::arg("out_features"), pybind11::arg("vectorized") = true);
-  m.def("vectorized_here", &has_avx2_fma, "whether this CPU runs the AVX2 + FMA path");
+        pybind11::arg("out_features"), pybind11::arg("path") = kAvx512);
+  m.def("widest_path_here", &widest_path_here, "the widest vector path this CPU runs");
 }

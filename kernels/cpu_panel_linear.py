@@ -16,15 +16,17 @@ Why a kernel of our own, for each weight type:
   precision --quantization int8`). This kernel reads a quarter of float32's bytes and keeps the
   activations in float32, so its outputs differ from float32's by the weights' rounding alone.
 
-The weights are packed at load into panels of 16 output channels, k-major (`pack`); AVX2+FMA
-hosts run the vector path, others a portable loop. Built and loaded as every CPU kernel of ours
-is (cpu_extensions.py); where it is not built, core/model/gemm.py runs oneDNN (float32) or
-`_weight_int8pack_mm` (int8) on their own layouts.
+The weights are packed at load into panels of 16 output channels, k-major (`pack`). Each host
+runs the widest vector path it has (`VectorPath`): AVX-512 (tiles of two panels, one register per
+row and panel), AVX2 + FMA (one panel, two registers per row), else a portable loop. Built and
+loaded as every CPU kernel of ours is (cpu_extensions.py); where it is not built,
+core/model/gemm.py runs oneDNN (float32) or `_weight_int8pack_mm` (int8) on their own layouts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -48,11 +50,30 @@ def kernel() -> ModuleType | None:
     return EXTENSION.load()
 
 
+class VectorPath(IntEnum):
+    """The kernel's code paths, narrowest first (kPortable, kAvx2, kAvx512 in the source)."""
+
+    PORTABLE = 0
+    AVX2 = 1  # and FMA
+    AVX512 = 2
+
+
 @cache
-def vectorized_here() -> bool:
-    """Whether the built kernel runs its AVX2 + FMA path on this CPU (else its portable loop)."""
+def widest_path_here() -> VectorPath | None:
+    """The widest path the built kernel runs on this CPU (None: not built)."""
     module = kernel()
-    return module is not None and bool(module.vectorized_here())
+    return None if module is None else VectorPath(module.widest_path_here())
+
+
+# The widest path `panel_linear` may take (it takes the widest this CPU has up to it);
+# `pdserve bench linear` narrows it per arm.
+WIDEST_PATH = VectorPath.AVX512
+
+
+def vectorized_here() -> bool:
+    """Whether the built kernel runs a vector path on this CPU (else its portable loop)."""
+    path = widest_path_here()
+    return path is not None and path >= VectorPath.AVX2
 
 
 @dataclass(frozen=True)
@@ -89,5 +110,5 @@ def panel_linear(
     `out_features` as `pack` made them."""
     module = kernel()
     assert module is not None, "panel_linear called where the kernel is not built"
-    out: torch.Tensor = module.panel_linear(x, panels, scales, bias, out_features)
+    out: torch.Tensor = module.panel_linear(x, panels, scales, bias, out_features, WIDEST_PATH)
     return out

@@ -16,18 +16,18 @@ admits:
               --slo-tpot: those predicted to miss are refused at once (docs/admission.md)
 
 A row per arm and rate (the repeats pooled): `{"arm", "rate", "attainment_admitted",
-"rejected_fraction", "goodput", "ttft_p99_admitted", "tpot_p99_admitted",
-"prediction_error_p50", "requests", "repeats", "tenant", "scenario"}` (the last two null without
---tenants). `--tenants FILE` goes to every arm's router, and every tenant the file lists sends
-its weighted share of each rate as a client of its own, with its tenant header: a row per arm,
-rate, scenario and tenant; `--flood NAME` runs every point with that tenant silent (`alone`) and
-sending `--flood-factor` (5) times its share (`flood`), the others the same requests both times
-(bench/admission/tenants.py). `--policy` is the workers' scheduling policy (default fcfs;
-`fair` shares each worker's steps between tenants by weight: core/sched/fair_share.py).
-goodput: requests that met their SLOs per second of arrivals (refused ones never do);
-prediction_error_p50: the predict arm's median |measured / predicted TTFT - 1| of admitted
-requests, read from the router's histogram `pdserve_router_ttft_prediction_ratio` (so to its
-buckets' resolution).
+"rejected_fraction", "goodput", "ttft_p99_admitted", "tpot_p99_admitted", "prediction_error_p50",
+"requests", "repeats", "attainment_admitted_ci", "goodput_ci", "tenant", "scenario"}` (the
+intervals: 95 % t over the repeats' own values; tenant and scenario null without --tenants).
+`--tenants FILE` goes to every arm's router, and every tenant the file lists sends its weighted
+share of each rate as a client of its own, with its tenant header: a row per arm, rate, scenario
+and tenant; `--flood NAME` runs every point with that tenant silent (`alone`) and sending
+`--flood-factor` (5) times its share (`flood`), the others the same requests both times
+(bench/admission/tenants.py). `--policy` is the workers' scheduling policy (default fcfs; `fair`
+shares each worker's steps between tenants by weight: core/sched/fair_share.py). goodput: requests
+that met their SLOs per second of arrivals (refused ones never do); prediction_error_p50: the
+predict arm's median |measured / predicted TTFT - 1| of admitted requests, read from the router's
+histogram `pdserve_router_ttft_prediction_ratio` (so to its buckets' resolution).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ from pdserve.bench.disagg.workload import (
 from pdserve.core.config import SchedulingPolicy
 from pdserve.costmodel.host_profile import host_profile
 from pdserve.loadtest.calls import CallResult
-from pdserve.loadtest.stats import percentile
+from pdserve.loadtest.stats import Interval, mean_interval, percentile
 from pdserve.local.cluster import Process
 from pdserve.router.tenants import TenantConfig, TenantConfigError, load_tenants
 
@@ -85,6 +86,9 @@ class AdmissionRow:
     prediction_error_p50: float | None
     requests: int
     repeats: int
+    # 95 % t intervals over the repeats' own values (one repeat: the value itself)
+    attainment_admitted_ci: tuple[float, float] = (0.0, 1.0)
+    goodput_ci: tuple[float, float] = (0.0, 0.0)
     tenant: str | None = None  # with --tenants
     scenario: str | None = None  # with --tenants: shared, or alone / flood with --flood
 
@@ -299,15 +303,17 @@ def _median_error(before: dict[float, float], after: dict[float, float]) -> floa
 def _row(key: RowKey, runs: list[Served], duration_s: float) -> AdmissionRow:
     found = [outcome for run in runs for outcome in run.outcomes]
     refused = [was_refused for run in runs for was_refused in run.refused]
-    admitted = [o for o, was_refused in zip(found, refused, strict=True) if not was_refused]
+    admitted = _admitted(found, refused)
     ttfts = sorted(o.ttft_s for o in admitted if o.ttft_s is not None)
     tpots = sorted(o.tpot_s for o in admitted if o.tpot_s is not None)
     errors = sorted(run.prediction_error for run in runs if not math.isnan(run.prediction_error))
     mode = key.arm
+    each_attainment = [_attainment(_admitted(run.outcomes, run.refused)) for run in runs]
+    each_goodput = [sum(o.meets_slo for o in run.outcomes) / duration_s for run in runs]
     return AdmissionRow(
         arm=mode,
         rate=key.rate,
-        attainment_admitted=sum(o.meets_slo for o in admitted) / max(len(admitted), 1),
+        attainment_admitted=_attainment(admitted),
         rejected_fraction=sum(refused) / max(len(found), 1),
         goodput=sum(o.meets_slo for o in found) / (duration_s * len(runs)),
         ttft_p99_admitted=percentile(ttfts, 99) if ttfts else None,
@@ -315,9 +321,23 @@ def _row(key: RowKey, runs: list[Served], duration_s: float) -> AdmissionRow:
         prediction_error_p50=errors[len(errors) // 2] if errors and mode == "predict" else None,
         requests=len(found),
         repeats=len(runs),
+        attainment_admitted_ci=_bounded(mean_interval(each_attainment), 1.0),
+        goodput_ci=_bounded(mean_interval(each_goodput), math.inf),
         tenant=key.tenant,
         scenario=key.scenario,
     )
+
+
+def _admitted(found: Sequence[RequestOutcome], refused: Sequence[bool]) -> list[RequestOutcome]:
+    return [o for o, was_refused in zip(found, refused, strict=True) if not was_refused]
+
+
+def _attainment(admitted: Sequence[RequestOutcome]) -> float:
+    return sum(o.meets_slo for o in admitted) / max(len(admitted), 1)
+
+
+def _bounded(interval: Interval, high: float) -> tuple[float, float]:
+    return max(0.0, interval.low), min(high, interval.high)
 
 
 def _number(result: CallResult) -> int:
@@ -331,7 +351,8 @@ def _line(row: AdmissionRow) -> str:
     who = "" if row.tenant is None else f" {row.tenant} ({row.scenario})"
     return (
         f"{row.arm:>8} {row.rate:g} req/s{who}: attainment of admitted "
-        f"{row.attainment_admitted:.2f}, rejected {row.rejected_fraction:.2f}, goodput "
+        f"{row.attainment_admitted:.2f} ({row.attainment_admitted_ci[0]:.2f}-"
+        f"{row.attainment_admitted_ci[1]:.2f}), rejected {row.rejected_fraction:.2f}, goodput "
         f"{row.goodput:.3f} req/s, TTFT p99 "
         f"{seconds(row.ttft_p99_admitted)}, TPOT p99 {seconds(row.tpot_p99_admitted)} "
         f"({row.requests} requests, {row.repeats} repeats)"

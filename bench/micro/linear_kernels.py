@@ -1,5 +1,6 @@
 """The model's matmuls on each CPU path: float32 on our panel kernel (the default) and on oneDNN
-(the fallback), int8 weights on the panel kernel and on torch's `_weight_int8pack_mm`.
+(the fallback), int8 weights on the panel kernel and on torch's `_weight_int8pack_mm`; on an
+AVX-512 CPU the panel kernel's AVX2 path beside its AVX-512 one.
 
     pdserve bench linear [--model PATH] [--rows 1,16,64,512] [--calls 50] [--step] [--json]
 
@@ -24,6 +25,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -35,6 +37,7 @@ from pdserve.core.model.gemm import LinearWeight, WeightFormat, linear, prepare,
 from pdserve.core.model.precision import quantize_int8
 from pdserve.core.model.source import resolve_model
 from pdserve.kernels import cpu_panel_linear
+from pdserve.kernels.cpu_panel_linear import VectorPath
 
 WARMUP = 5
 TORCH_INT8_MAX_ROWS = 16
@@ -78,6 +81,22 @@ def step_shapes(model: str | None) -> list[tuple[int, int]]:
 
 
 @contextmanager
+def _widest_path(path: VectorPath) -> Iterator[None]:
+    saved = cpu_panel_linear.WIDEST_PATH
+    cpu_panel_linear.WIDEST_PATH = path
+    try:
+        yield
+    finally:
+        cpu_panel_linear.WIDEST_PATH = saved
+
+
+@dataclass(frozen=True)
+class Arm:
+    layer: LinearWeight
+    path: VectorPath = VectorPath.AVX512  # the widest the panel kernel may take
+
+
+@contextmanager
 def _float32_panels(on: bool) -> Iterator[None]:
     saved = gemm.FLOAT32_PANELS
     gemm.FLOAT32_PANELS = on
@@ -87,19 +106,25 @@ def _float32_panels(on: bool) -> Iterator[None]:
         gemm.FLOAT32_PANELS = saved
 
 
-def arms(weight: torch.Tensor, rows: int) -> dict[str, LinearWeight]:
-    """Every path that runs `weight` at `rows` rows here, by name."""
+def arms(weight: torch.Tensor, rows: int) -> dict[str, Arm]:
+    """Every path that runs `weight` at `rows` rows here, by name: the panel kernel's widest
+    vector path, and AVX2 beside it where the widest is AVX-512."""
     with _float32_panels(False):
-        prepared = {BASELINE: prepare(weight)}
+        prepared = {BASELINE: Arm(prepare(weight))}
+    avx2_too = cpu_panel_linear.widest_path_here() is VectorPath.AVX512
     float32 = prepare(weight)
     if float32.format is WeightFormat.FLOAT32_PANELS:
-        prepared["float32 panels"] = float32
+        prepared["float32 panels"] = Arm(float32)
+        if avx2_too:
+            prepared["float32 panels avx2"] = Arm(float32, VectorPath.AVX2)
     int8 = prepare(weight, None, "int8")
     if int8.format is WeightFormat.INT8_PANELS:
-        prepared["int8 panels"] = int8
+        prepared["int8 panels"] = Arm(int8)
+        if avx2_too:
+            prepared["int8 panels avx2"] = Arm(int8, VectorPath.AVX2)
     if rows <= TORCH_INT8_MAX_ROWS:
         quantized, scales = quantize_int8(weight)
-        prepared["int8 torch"] = LinearWeight(quantized, None, scales, WeightFormat.INT8_ROWS)
+        prepared["int8 torch"] = Arm(LinearWeight(quantized, None, scales, WeightFormat.INT8_ROWS))
     return prepared
 
 
@@ -127,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
             weight = torch.randn(out_features, in_features, generator=generator) * 0.05
             x = torch.randn(rows, in_features, generator=generator)
             times = {
-                name: round(median_ms(partial(linear, x, layer), args.calls), 4)
-                for name, layer in arms(weight, rows).items()
+                name: round(median_ms(partial(_call, x, arm), args.calls), 4)
+                for name, arm in arms(weight, rows).items()
             }
             row = {"rows": rows, "out_features": out_features, "in_features": in_features}
             print(json.dumps(row | times) if args.json else _line(row, times))
@@ -141,25 +166,31 @@ def _run_steps(args: argparse.Namespace) -> int:
     weights = [torch.randn(*shape, generator=generator) * 0.05 for shape in shapes]
     print(f"a step: {len(shapes)} matmuls; median of {args.calls} rounds, arms alternating")
     for rows in args.rows:
-        layers: dict[str, list[LinearWeight]] = {}
+        layers: dict[str, list[Arm]] = {}
         for weight in weights:
-            for name, layer in arms(weight, rows).items():
-                layers.setdefault(name, []).append(layer)
+            for name, arm in arms(weight, rows).items():
+                layers.setdefault(name, []).append(arm)
         inputs = {n: torch.randn(rows, n, generator=generator) for _, n in set(shapes)}
         steps = {name: partial(_step, inputs, arm) for name, arm in layers.items()}
         times = _alternating_rounds(steps, args.calls)
         row: dict[str, object] = {"rows": rows}
         for name, seconds in times.items():
-            gigabytes = sum(weight_bytes(layer) for layer in layers[name]) / 1e9
+            gigabytes = sum(weight_bytes(arm.layer) for arm in layers[name]) / 1e9
             row[name] = {"ms": round(seconds * 1e3, 3), "gb_per_s": round(gigabytes / seconds, 2)}
         print(json.dumps(row) if args.json else _step_line(row))
         del layers, steps
     return 0
 
 
-def _step(inputs: dict[int, torch.Tensor], layers: list[LinearWeight]) -> None:
-    for layer in layers:
-        linear(inputs[layer.features[1]], layer)
+def _call(x: torch.Tensor, arm: Arm) -> None:
+    with _widest_path(arm.path):
+        linear(x, arm.layer)
+
+
+def _step(inputs: dict[int, torch.Tensor], arms: list[Arm]) -> None:
+    with _widest_path(arms[0].path):
+        for arm in arms:
+            linear(inputs[arm.layer.features[1]], arm.layer)
 
 
 def _alternating_rounds(steps: Mapping[str, Callable[[], None]], rounds: int) -> dict[str, float]:

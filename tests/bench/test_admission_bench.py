@@ -41,6 +41,11 @@ def test_rows_judge_admitted_requests_and_count_goodput_over_every_arrival() -> 
     assert row.goodput == pytest.approx(3 / 20)  # met SLOs per second of arrivals, both repeats
     assert row.ttft_p99_admitted == 3.0
     assert row.prediction_error_p50 == 0.1  # the repeat that judged none does not count
+    # Intervals over the repeats' own values (1/2 and 1 admitted met; 0.1 and 0.2 req/s),
+    # clipped to what the quantity can be.
+    assert row.attainment_admitted_ci[0] == 0.0 and row.attainment_admitted_ci[1] == 1.0
+    low, high = row.goodput_ci
+    assert low == 0.0 and high == pytest.approx(0.15 + 12.706 * 0.05)
     assert _row(RowKey("queue", 0.5), [first], 10.0).prediction_error_p50 is None
 
 

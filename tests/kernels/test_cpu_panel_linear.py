@@ -1,5 +1,5 @@
 """The panel linear kernel (kernels/cpu_panel_linear.cpp) against float64 sums of the same
-weights (int8 ones dequantized), on both its paths and both weight types, and the layer formats
+weights (int8 ones dequantized), on each of its paths and both weight types, and the layer formats
 `prepare` picks for it."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pdserve.core.model.gemm import WeightFormat, cpu_float32_backend, linear, prepare
 from pdserve.core.model.precision import quantize_int8
 from pdserve.kernels import cpu_panel_linear
+from pdserve.kernels.cpu_panel_linear import VectorPath
 from tests.kernels.built import built_kernel
 
 
@@ -28,7 +29,7 @@ def _check(
     out_features: int,
     in_features: int,
     with_bias: bool,
-    vectorized: bool,
+    path: VectorPath,
     weight_type: torch.dtype,
     seed: int = 0,
 ) -> None:
@@ -43,9 +44,7 @@ def _check(
     else:
         packed, exact = cpu_panel_linear.pack(weight), weight.double()
     expected = x.double() @ exact.T + (0 if bias is None else bias.double())
-    out = module.panel_linear(
-        x, packed.panels, packed.scales, bias, packed.out_features, vectorized
-    )
+    out = module.panel_linear(x, packed.panels, packed.scales, bias, packed.out_features, path)
     assert out.shape == (*leading, out_features) and out.dtype == torch.float32
     largest_input = float(x.abs().sum(-1).max()) if x.numel() else 0.0
     tolerance = 1e-5 * (1 + largest_input * float(exact.abs().max()))
@@ -56,23 +55,25 @@ WEIGHT_TYPES = [torch.int8, torch.float32]
 
 
 @pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
-@pytest.mark.parametrize("vectorized", [True, False])
+@pytest.mark.parametrize("path", list(VectorPath))
 @pytest.mark.parametrize(
     ("out_features", "in_features"),
     [(576, 576), (1536, 576), (576, 1536), (100, 37), (16, 1), (17, 5)],
 )
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 23, 64])
 def test_matches_the_exact_sums(
     module: ModuleType,
     rows: int,
     out_features: int,
     in_features: int,
-    vectorized: bool,
+    path: VectorPath,
     weight_type: torch.dtype,
 ) -> None:
-    """Every tile height and its remainders; a part-filled last panel; k not a multiple of the
-    chains; the model's shapes (the prefetch reaches past a panel's end: past the last one too)."""
-    _check(module, (rows,), out_features, in_features, rows % 2 == 1, vectorized, weight_type)
+    """Every tile height of both vector paths and its remainders (a path wider than this CPU has
+    runs its widest); a part-filled last panel, an odd one left out of AVX-512's pairs; k not a
+    multiple of the chains; the model's shapes (the prefetch reaches past a panel's end: past
+    the last one too)."""
+    _check(module, (rows,), out_features, in_features, rows % 2 == 1, path, weight_type)
 
 
 @settings(max_examples=40, deadline=None)
@@ -81,7 +82,7 @@ def test_matches_the_exact_sums(
     out_features=st.integers(1, 70),
     in_features=st.integers(1, 70),
     with_bias=st.booleans(),
-    vectorized=st.booleans(),
+    path=st.sampled_from(list(VectorPath)),
     weight_type=st.sampled_from(WEIGHT_TYPES),
     seed=st.integers(0, 1000),
 )
@@ -91,11 +92,11 @@ def test_any_shape(
     out_features: int,
     in_features: int,
     with_bias: bool,
-    vectorized: bool,
+    path: VectorPath,
     weight_type: torch.dtype,
     seed: int,
 ) -> None:
-    _check(module, leading, out_features, in_features, with_bias, vectorized, weight_type, seed)
+    _check(module, leading, out_features, in_features, with_bias, path, weight_type, seed)
 
 
 def test_arguments_that_do_not_fit_are_refused_naming_them(module: ModuleType) -> None:
