@@ -300,6 +300,19 @@ int64_t widest_path_here() {
   return widest;
 }
 
+// The path `panel_linear` takes unless told: the widest, but AVX2 on AMD CPUs. AVX-512 paid on an
+// Intel host (two 512-bit FMA units: 1.04x AVX2 at one row, 1.8x at prefill chunks); AMD's Zen 4
+// splits 512-bit instructions over 256-bit units, and its figures were measured on AVX2
+// (docs/kernels.md).
+int64_t default_path_here() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool amd = __builtin_cpu_is("amd");
+#else
+  static const bool amd = false;
+#endif
+  return amd ? std::min(widest_path_here(), kAvx2) : widest_path_here();
+}
+
 template <typename Weight>
 void run_panels(const Problem<Weight>& problem, int64_t num_panels, int64_t path) {
   if (path == kAvx512) {  // threads split pairs of panels; an odd last one runs alone on AVX2
@@ -374,4 +387,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("scales"), pybind11::arg("bias"),
         pybind11::arg("out_features"), pybind11::arg("path") = kAvx512);
   m.def("widest_path_here", &widest_path_here, "the widest vector path this CPU runs");
+  m.def("default_path_here", &default_path_here, "the path panel_linear takes unless told");
 }

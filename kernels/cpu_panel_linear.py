@@ -16,9 +16,10 @@ Why a kernel of our own, for each weight type:
   precision --quantization int8`). This kernel reads a quarter of float32's bytes and keeps the
   activations in float32, so its outputs differ from float32's by the weights' rounding alone.
 
-The weights are packed at load into panels of 16 output channels, k-major (`pack`). Each host
-runs the widest vector path it has (`VectorPath`): AVX-512 (tiles of two panels, one register per
-row and panel), AVX2 + FMA (one panel, two registers per row), else a portable loop. Built and
+The weights are packed at load into panels of 16 output channels, k-major (`pack`). A host runs
+the widest vector path it has (`VectorPath`), AVX2 on AMD CPUs (`default_path_here`): AVX-512
+(tiles of two panels, one register per row and panel), AVX2 + FMA (one panel, two registers per
+row), else a portable loop. Built and
 loaded as every CPU kernel of ours is (cpu_extensions.py); where it is not built,
 core/model/gemm.py runs oneDNN (float32) or `_weight_int8pack_mm` (int8) on their own layouts.
 """
@@ -65,9 +66,17 @@ def widest_path_here() -> VectorPath | None:
     return None if module is None else VectorPath(module.widest_path_here())
 
 
-# The widest path `panel_linear` may take (it takes the widest this CPU has up to it);
-# `pdserve bench linear` narrows it per arm.
-WIDEST_PATH = VectorPath.AVX512
+@cache
+def default_path_here() -> VectorPath | None:
+    """The path the kernel takes on this CPU unless told (None: not built): the widest, but AVX2
+    on AMD CPUs (the source says why)."""
+    module = kernel()
+    return None if module is None else VectorPath(module.default_path_here())
+
+
+# The path `panel_linear` takes (None: `default_path_here()`; one wider than the CPU has runs the
+# widest it has). `pdserve bench linear` sets it per arm.
+PATH: VectorPath | None = None
 
 
 def vectorized_here() -> bool:
@@ -110,5 +119,6 @@ def panel_linear(
     `out_features` as `pack` made them."""
     module = kernel()
     assert module is not None, "panel_linear called where the kernel is not built"
-    out: torch.Tensor = module.panel_linear(x, panels, scales, bias, out_features, WIDEST_PATH)
+    path = PATH if PATH is not None else default_path_here()
+    out: torch.Tensor = module.panel_linear(x, panels, scales, bias, out_features, path)
     return out

@@ -1,6 +1,7 @@
 """The model's matmuls on each CPU path: float32 on our panel kernel (the default) and on oneDNN
-(the fallback), int8 weights on the panel kernel and on torch's `_weight_int8pack_mm`; on an
-AVX-512 CPU the panel kernel's AVX2 path beside its AVX-512 one.
+(the fallback), int8 weights on the panel kernel and on torch's `_weight_int8pack_mm`; the panel
+kernel on this CPU's default path and on its other vector paths beside it (AVX2 and AVX-512 where
+the CPU has both).
 
     pdserve bench linear [--model PATH] [--rows 1,16,64,512] [--calls 50] [--step] [--json]
 
@@ -33,7 +34,14 @@ import torch
 from pdserve.bench.arg_types import positive_int, positive_ints
 from pdserve.core.model import gemm
 from pdserve.core.model.config import load_model_config
-from pdserve.core.model.gemm import LinearWeight, WeightFormat, linear, prepare, weight_bytes
+from pdserve.core.model.gemm import (
+    PANEL_FORMATS,
+    LinearWeight,
+    WeightFormat,
+    linear,
+    prepare,
+    weight_bytes,
+)
 from pdserve.core.model.precision import quantize_int8
 from pdserve.core.model.source import resolve_model
 from pdserve.kernels import cpu_panel_linear
@@ -81,19 +89,19 @@ def step_shapes(model: str | None) -> list[tuple[int, int]]:
 
 
 @contextmanager
-def _widest_path(path: VectorPath) -> Iterator[None]:
-    saved = cpu_panel_linear.WIDEST_PATH
-    cpu_panel_linear.WIDEST_PATH = path
+def _panel_path(path: VectorPath | None) -> Iterator[None]:
+    saved = cpu_panel_linear.PATH
+    cpu_panel_linear.PATH = path
     try:
         yield
     finally:
-        cpu_panel_linear.WIDEST_PATH = saved
+        cpu_panel_linear.PATH = saved
 
 
 @dataclass(frozen=True)
 class Arm:
     layer: LinearWeight
-    path: VectorPath = VectorPath.AVX512  # the widest the panel kernel may take
+    path: VectorPath | None = None  # the panel kernel's path (None: this CPU's default)
 
 
 @contextmanager
@@ -107,21 +115,15 @@ def _float32_panels(on: bool) -> Iterator[None]:
 
 
 def arms(weight: torch.Tensor, rows: int) -> dict[str, Arm]:
-    """Every path that runs `weight` at `rows` rows here, by name: the panel kernel's widest
-    vector path, and AVX2 beside it where the widest is AVX-512."""
+    """Every path that runs `weight` at `rows` rows here, by name: the panel kernel on this CPU's
+    default path, and on its other vector paths beside it (`float32 panels avx2`, ...)."""
     with _float32_panels(False):
         prepared = {BASELINE: Arm(prepare(weight))}
-    avx2_too = cpu_panel_linear.widest_path_here() is VectorPath.AVX512
-    float32 = prepare(weight)
-    if float32.format is WeightFormat.FLOAT32_PANELS:
-        prepared["float32 panels"] = Arm(float32)
-        if avx2_too:
-            prepared["float32 panels avx2"] = Arm(float32, VectorPath.AVX2)
-    int8 = prepare(weight, None, "int8")
-    if int8.format is WeightFormat.INT8_PANELS:
-        prepared["int8 panels"] = Arm(int8)
-        if avx2_too:
-            prepared["int8 panels avx2"] = Arm(int8, VectorPath.AVX2)
+    for weights, layer in (("float32", prepare(weight)), ("int8", prepare(weight, None, "int8"))):
+        if layer.format in PANEL_FORMATS:
+            prepared[f"{weights} panels"] = Arm(layer)
+            for path in _other_vector_paths():
+                prepared[f"{weights} panels {path.name.lower()}"] = Arm(layer, path)
     if rows <= TORCH_INT8_MAX_ROWS:
         quantized, scales = quantize_int8(weight)
         prepared["int8 torch"] = Arm(LinearWeight(quantized, None, scales, WeightFormat.INT8_ROWS))
@@ -182,13 +184,20 @@ def _run_steps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _other_vector_paths() -> list[VectorPath]:
+    widest, default = cpu_panel_linear.widest_path_here(), cpu_panel_linear.default_path_here()
+    if widest is None:
+        return []
+    return [p for p in VectorPath if VectorPath.AVX2 <= p <= widest and p != default]
+
+
 def _call(x: torch.Tensor, arm: Arm) -> None:
-    with _widest_path(arm.path):
+    with _panel_path(arm.path):
         linear(x, arm.layer)
 
 
 def _step(inputs: dict[int, torch.Tensor], arms: list[Arm]) -> None:
-    with _widest_path(arms[0].path):
+    with _panel_path(arms[0].path):
         for arm in arms:
             linear(inputs[arm.layer.features[1]], arm.layer)
 

@@ -10,10 +10,18 @@ import pytest
 
 from pdserve.bench.micro.linear_kernels import model_shapes, step_shapes
 from pdserve.cli import main
+from pdserve.kernels import cpu_panel_linear
+from pdserve.kernels.cpu_panel_linear import VectorPath
 
 
 def _arms(rows: int) -> list[str]:
+    """The arms that run here: the panel kernel where built, on this CPU's default path and on
+    every other vector path it has (AVX2 beside AVX-512, or the reverse on AMD)."""
     kernel_arms = ["float32 panels", "int8 panels"] if shutil.which("c++") else []
+    widest, default = cpu_panel_linear.widest_path_here(), cpu_panel_linear.default_path_here()
+    if kernel_arms and widest is VectorPath.AVX512:
+        other = "avx512" if default is VectorPath.AVX2 else "avx2"
+        kernel_arms += [f"float32 panels {other}", f"int8 panels {other}"]
     return ["float32 onednn", *kernel_arms] + (["int8 torch"] if rows <= 16 else [])
 
 

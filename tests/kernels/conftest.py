@@ -14,6 +14,7 @@ def _forget_loaded_kernels() -> None:
     cpu_decode.kernel.cache_clear()
     cpu_panel_linear.kernel.cache_clear()
     cpu_panel_linear.widest_path_here.cache_clear()
+    cpu_panel_linear.default_path_here.cache_clear()
     layer_ops.kernel.cache_clear()
 
 

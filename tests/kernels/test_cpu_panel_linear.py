@@ -4,6 +4,7 @@ weights (int8 ones dequantized), on each of its paths and both weight types, and
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -155,3 +156,11 @@ def test_a_cpu_without_the_vector_path_keeps_onednn_for_float32(
     assert prepare(torch.randn(40, 24)).format is WeightFormat.FLOAT
     assert prepare(torch.randn(40, 24), None, "int8").format is WeightFormat.INT8_PANELS
     assert cpu_float32_backend() != "panels"
+
+
+def test_the_default_path_is_the_widest_but_avx2_on_amd(module: ModuleType) -> None:
+    widest = cpu_panel_linear.widest_path_here()
+    assert widest is VectorPath(module.widest_path_here())
+    amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
+    expected = min(widest, VectorPath.AVX2) if amd else widest
+    assert cpu_panel_linear.default_path_here() is expected
