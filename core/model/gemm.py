@@ -111,9 +111,11 @@ def _float32_panels_here() -> bool:
 
 def cpu_float32_backend() -> str:
     """What runs float32 matmuls on the CPU, for whoever keys measurements by it (host profiles:
-    a profile of one backend misprices another by up to 1.6x)."""
-    if _float32_panels_here():
-        return "panels"
+    a profile of one backend misprices another by up to 1.6x, as does one of the panel kernel's
+    AVX2 path on an AVX-512 host)."""
+    path = cpu_panel_linear.default_path_here()
+    if _float32_panels_here() and path is not None:
+        return f"panels-{path.name.lower()}"
     if not ONEDNN_ON_CPU:
         return "F.linear"
     return f"onednn-packed{PACKED_FOR_ROWS}" if PACKED_FOR_ROWS else "onednn"

@@ -126,7 +126,7 @@ def test_float32_activations_run_the_kernel(module: ModuleType) -> None:
     assert prepare(torch.randn(40, 24)).format is WeightFormat.FLOAT32_PANELS
     assert prepare(torch.randn(40, 24).bfloat16(), None, "int8").format is WeightFormat.INT8_ROWS
     assert prepare(torch.randn(40, 24).bfloat16()).format is WeightFormat.FLOAT
-    assert cpu_float32_backend() == "panels"
+    assert cpu_float32_backend().startswith("panels-")
 
 
 @pytest.mark.usefixtures("cpu_kernels_off")
@@ -137,7 +137,7 @@ def test_switched_off_torch_runs_the_same_layer(module: ModuleType, quantization
     assert plain.format is (
         WeightFormat.INT8_ROWS if quantization == "int8" else WeightFormat.FLOAT
     )
-    assert cpu_float32_backend() != "panels"
+    assert not cpu_float32_backend().startswith("panels")
     packed = (
         cpu_panel_linear.pack(*quantize_int8(weight))
         if quantization == "int8"
@@ -155,7 +155,7 @@ def test_a_cpu_without_the_vector_path_keeps_onednn_for_float32(
     monkeypatch.setattr(cpu_panel_linear, "vectorized_here", lambda: False)
     assert prepare(torch.randn(40, 24)).format is WeightFormat.FLOAT
     assert prepare(torch.randn(40, 24), None, "int8").format is WeightFormat.INT8_PANELS
-    assert cpu_float32_backend() != "panels"
+    assert not cpu_float32_backend().startswith("panels")
 
 
 def test_the_default_path_is_the_widest_but_avx2_on_amd(module: ModuleType) -> None:
