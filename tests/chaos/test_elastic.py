@@ -29,6 +29,7 @@ import pytest
 from pdserve.client import GenerationClient, SamplingParams
 from pdserve.local.netns import NETNS_ETC
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from tests.fakes import PROFILE_OTHER_HOST
 
 from ..integration.conftest import WORKER_ARGS, free_port_bases
 from .netns_up import (
@@ -67,9 +68,8 @@ LOST_POD_FOUND_WITHIN_S = 16.0
 # never slows this test (at 1.0 it ran 30 s longer); the groups, quotas and threads are checked
 # all the same, and tests/elastic/test_cpu_limit.py checks that a quota binds.
 POD_CPUS = 2.0
-PROFILE = Path(__file__).parents[2] / "docs" / "planning-profile-cpu.json"
 AUTOSCALE_FLAGS = (
-    *("--profile", str(PROFILE), "--pod-cpus", str(POD_CPUS)),
+    *("--profile", str(PROFILE_OTHER_HOST), "--pod-cpus", str(POD_CPUS)),
     *("--slo-ttft-p90", "600", "--slo-itl-p99", "0.001", "--max-pods", "3", "--headroom", "0"),
     *("--interval-seconds", "2", "--window-seconds", "2", "--down-after", "1", *WORKER_ARGS),
 )
@@ -223,8 +223,8 @@ def test_the_autoscaler_adds_a_decode_pod_on_a_load_step_and_removes_it_after(
     with the most decode pods, as long as the load is decode's (tests/planner/test_autoscale.py
     checks the decisions on SLOs that can be met). Decode's: only the shortest prompt is sent,
     17 tokens for 24 out (with the mix's longer prompts a 1P2D simulated at the observed rate
-    could be short of prefill, and 2P1D then missed ITL less). Its profile is the shipped one,
-    of another host: what the decode pods measured corrects it.
+    could be short of prefill, and 2P1D then missed ITL less). Its profile is the tests' one
+    of another host (tests/fakes): what the decode pods measured corrects it.
 
     Beside it, the same autoscaler as the chart runs it on Kubernetes (--export-port) reads the
     same router and serves the replica counts it wants to the HPAs: they follow the step too."""

@@ -13,15 +13,15 @@ import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.local.cluster import Cluster
+from tests.fakes import PROFILE_OTHER_HOST
 
 from .conftest import WORKER_ARGS, start_cluster
 from .helpers import greedy_outputs, labelled_metric, metric, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
-PROFILE = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
 POLL_S = 0.2
-COST_MODEL = ("--profile", str(PROFILE), "--itl-slo", "0.3")
+COST_MODEL = ("--profile", str(PROFILE_OTHER_HOST), "--itl-slo", "0.3")
 ROUTER_ARGS = ("--placement", "adaptive", *COST_MODEL, "--load-poll-interval-seconds", str(POLL_S))
 PLACEMENTS = "pdserve_router_prefill_placements_total"
 ROLE_CHANGES = "pdserve_router_role_changes_total"

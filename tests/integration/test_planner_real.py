@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from pdserve.costmodel.profile import load_profile
+from tests.fakes import PROFILE_OTHER_HOST
 
 pytestmark = pytest.mark.integration
 
-PROFILE = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
 SMALL = {
     "rate": 2,
     "duration_s": 10,
@@ -42,12 +42,14 @@ def test_serving_calibration_adds_costs_to_a_profile(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     bursts = ["--bursts", "4,1"]  # two sizes fit the line; the default five take twice as long
     logs = set(Path(tempfile.gettempdir()).glob("pdserve-serving-*"))
-    _pdserve("profile", "--serving", *bursts, "--from", str(PROFILE), "--out", str(out))
+    _pdserve("profile", "--serving", *bursts, "--from", str(PROFILE_OTHER_HOST), "--out", str(out))
     assert set(Path(tempfile.gettempdir()).glob("pdserve-serving-*")) <= logs  # logs removed
     serving = load_profile(out).serving
     assert serving.calibration["bursts"] == [1, 4]
     assert min(serving.per_step_s, serving.per_token_s, serving.dispatch_s) >= 0
-    assert load_profile(out).model == load_profile(PROFILE).model  # the offline fit is kept
+    assert (
+        load_profile(out).model == load_profile(PROFILE_OTHER_HOST).model
+    )  # the offline fit is kept
 
 
 def test_validation_prints_a_line_per_metric_and_a_verdict(tmp_path: Path) -> None:
@@ -58,7 +60,7 @@ def test_validation_prints_a_line_per_metric_and_a_verdict(tmp_path: Path) -> No
         "simulate",
         "--validate",
         "--profile",
-        str(PROFILE),
+        str(PROFILE_OTHER_HOST),
         "--workload",
         str(spec),
         *flags,
@@ -83,7 +85,7 @@ def test_plan_verify_runs_the_plan_and_reports_both_sides(tmp_path: Path) -> Non
     text = _pdserve(
         "plan",
         "--profile",
-        str(PROFILE),
+        str(PROFILE_OTHER_HOST),
         "--workload",
         str(spec),
         "--rate",

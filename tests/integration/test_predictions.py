@@ -1,5 +1,5 @@
 """Predictions through real processes, on a 1P1D cluster whose router (adaptive placement) and
-decode worker are given a profile with every cost doubled (the shipped profile, already from
+decode worker are given a profile with every cost doubled (the tests' profile, already from
 another host, made 2x more wrong).
 
 Online correction: the decode worker's Load reports its recent steps; the correction they give,
@@ -31,13 +31,13 @@ from pdserve.costmodel.correction import (
 )
 from pdserve.costmodel.profile import CostModel, Profile, ServingCosts, load_profile
 from pdserve.local.cluster import Cluster
+from tests.fakes import PROFILE_OTHER_HOST
 
 from .conftest import start_cluster
 from .helpers import labelled_metric, load, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
-SHIPPED = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
 STREAMS = 4
 # Each burst decodes more steps than a window holds: a burst's window shares no step with the
 # one before.
@@ -60,7 +60,7 @@ def doubled(profile: Profile) -> Profile:
 @pytest.fixture(scope="module")
 def wrong_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("profile") / "doubled.json"
-    doubled(load_profile(SHIPPED)).save(path)
+    doubled(load_profile(PROFILE_OTHER_HOST)).save(path)
     return path
 
 

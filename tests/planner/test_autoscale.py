@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from pathlib import Path
 
 import pytest
 
@@ -28,9 +27,9 @@ from pdserve.planner.plan import Candidate, PerRequestSlo, Slo, evaluate
 from pdserve.planner.sim_cluster import Deployment
 from pdserve.planner.workload import TraceRequest
 from pdserve.router.placement.prefill_place import PlacementConfig
+from tests.fakes import PROFILE_OTHER_HOST
 from tests.planner.helpers import fixed_step_profile
 
-PROFILE = Path(__file__).parents[2] / "docs" / "planning-profile-cpu.json"
 POWERS = tuple(float(2**i) for i in range(13))
 SLO = Slo(ttft_p90_s=2.0, itl_p99_s=0.5)
 
@@ -71,7 +70,7 @@ def engine() -> EngineConfig:
 def _scaler(
     engine: EngineConfig, colocated: bool = False, pod_share: float = 1.0, slo: Slo = SLO
 ) -> Autoscaler:
-    profile = load_profile(PROFILE)
+    profile = load_profile(PROFILE_OTHER_HOST)
     policy = Policy(max_pods=4, trace_seconds=30, pod_share=pod_share)
     return Autoscaler(profile, engine, PlacementConfig(), slo, policy, colocated=colocated)
 
@@ -135,7 +134,7 @@ def _fixed(*shapes: Shape) -> Autoscaler:
     """An autoscaler whose load wants the given shapes, one per interval."""
     wanted = iter(shapes)
     return Autoscaler(
-        load_profile(PROFILE),
+        load_profile(PROFILE_OTHER_HOST),
         EngineConfig(max_num_seqs=8),
         PlacementConfig(),
         SLO,
@@ -172,7 +171,7 @@ def test_never_below_the_slots_the_live_streams_need() -> None:
 def _decode_steps(profile_seconds_times: float, pod_share: float = 1.0) -> Observation:
     """A chat interval whose decode pods measured their steps at `profile_seconds_times` what
     the profile predicts for a pod of `pod_share`."""
-    profile = load_profile(PROFILE)
+    profile = load_profile(PROFILE_OTHER_HOST)
     work = StepShape.decodes(num_seqs=8 * 32, context_tokens=8 * 32 * 200)  # 32 steps of 8
     window = StepWindow(StepPhase.DECODE, 32, work, 0.0)
     measured = predicted_seconds(profile, window) / pod_share * profile_seconds_times

@@ -18,6 +18,7 @@ from pdserve.core.serving.server import ServerConfig
 from pdserve.router.main import ModelSource, build_router, router_config_from_args, run, serve
 from pdserve.testing.fake_tiers import fake_tiers
 from pdserve.v1 import common_pb2
+from tests.fakes import PROFILE_OTHER_HOST
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -123,9 +124,6 @@ def test_router_becomes_ready_serves_metrics_and_drains(model_dir: Path) -> None
     asyncio.run(body())
 
 
-PROFILE = Path(__file__).resolve().parents[2] / "docs" / "planning-profile-cpu.json"
-
-
 def test_adaptive_placement_needs_a_profile() -> None:
     with pytest.raises(ValueError, match="--placement adaptive: needs --profile"):
         router_config_from_args(parse("--placement", "adaptive"))
@@ -134,7 +132,9 @@ def test_adaptive_placement_needs_a_profile() -> None:
 
 
 def test_adaptive_placement_reads_the_cost_model_once() -> None:
-    args = parse("--placement", "adaptive", "--profile", str(PROFILE), "--itl-slo", "0.2")
+    args = parse(
+        "--placement", "adaptive", "--profile", str(PROFILE_OTHER_HOST), "--itl-slo", "0.2"
+    )
     config = router_config_from_args(args)
     assert config.costs is not None
     assert (config.costs.itl_slo_s, config.costs.max_num_batched_tokens) == (0.2, 2048)
