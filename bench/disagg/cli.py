@@ -30,6 +30,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -277,7 +278,24 @@ def _run_arm(
     log_dir = None if args.log_dir is None else args.log_dir / arm.name / f"repeat-{repeat}"
     with running_arm(arm, model_dir, settings.arms, log_dir) as cluster:
         send_plan(cluster.router.address, warmup, rate=None, schedule_seed=0)
-        return [(point.rate, _run_point(cluster, point, settings)) for point in points]
+        served = []
+        for point in points:
+            run = _run_point(cluster, point, settings)
+            _progress(arm.name, repeat, point.rate, run)
+            served.append((point.rate, run))
+        return served
+
+
+def _progress(arm: str, repeat: int, rate: float, run: Repeat) -> None:
+    """One line on stderr a point served: a run of an hour says where it is (stdout stays the
+    report, --json parseable)."""
+    met = sum(outcome.meets_slo for outcome in run.outcomes)
+    stamp = time.strftime("%H:%M:%S")
+    print(
+        f"[{stamp}] {arm} repeat {repeat + 1} at {rate} req/s: {met} of {len(run.outcomes)} met",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _report_arm(
