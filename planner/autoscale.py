@@ -20,12 +20,21 @@ planner corrects its prefill and decode predictions by measured / predicted; per
 simulator's pods are per tier, and a profile from another host or backend is wrong by a scale
 (costmodel/correction.py says why a ratio rather than a refit).
 
-When to act (`Autoscaler.decide`): up at once (a missed SLO costs now; the other tier kept as it
-is unless that passes `max_pods`); down only once
-`down_after` intervals in a row wanted fewer, to the most any of them wanted (a lull between two
-bursts is not a trend); never below the floor the live streams need (decode slots for every
-stream in flight: a scale-in moves streams, it must not strand them). A load no deployment
-within `max_pods` meets gets the largest one tried.
+When to act (`Autoscaler.decide`), on one window's arrivals read two ways:
+- up at once when the window's mean rate wants more pods in a tier (a missed SLO costs now; the
+  other tier kept as it is unless that passes `max_pods`);
+- down only when even the high end of the rate those arrivals allow (`Observation.rate_upper`:
+  a one-sided 95 % Poisson bound; 0 once the window is idle: no arrival, stream or backlog)
+  wants fewer, for `down_after` intervals in a row, to the most any of them wanted. A few
+  arrivals say little about a rate: 1 in 30 s allows up to 0.16 req/s, 60 in 30 s 2.5 req/s at
+  most. So a lull between two arrivals of a low-rate phase keeps the pods, while a window that
+  holds no trace of a busy phase lets them go at once, and the band between the two readings
+  keeps a steady load from scaling up and back down;
+- never below the floor the live streams need (decode slots for every stream in flight: a
+  scale-in moves streams, it must not strand them).
+A load no deployment within `max_pods` meets gets the largest one tried. Among the splits of the
+fewest pods that meet, the one closest to the current shape is kept (at a few arrivals a window
+the best split flips between, say, 3P1D and 1P3D, and each flip moves two pods for no gain).
 """
 
 from __future__ import annotations
@@ -108,11 +117,37 @@ class Observation:
     def rate(self) -> float:
         return self.arrivals / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def rate_upper(self) -> float:
+        """The highest rate the window's arrivals allow at one-sided 95 %; 0 for an idle window
+        (no arrival, no stream, no backlog: the load is over, whatever a rate could still be)."""
+        if self.idle or self.seconds <= 0:
+            return 0.0
+        return poisson_upper(self.arrivals) / self.seconds
+
+    @property
+    def idle(self) -> bool:
+        return not self.arrivals and not self.in_flight and not self.pending_prompt_tokens
+
+
+# One-sided 95 %: the normal quantile (Wilson and Hilferty's cube-root approximation of the Poisson
+# bound, within 1 % of the exact chi-square one from 0 events on; no scipy for one number).
+UPPER_Z = 1.6449
+
+
+def poisson_upper(events: float) -> float:
+    """The largest Poisson mean under which seeing at most `events` has 5 % probability or more
+    (0 events: 3.0; 10: 17.0)."""
+    n = events + 1
+    return n * (1 - 1 / (9 * n) + UPPER_Z / (3 * math.sqrt(n))) ** 3
+
 
 @dataclass(frozen=True)
 class Policy:
     headroom: float = 0.25  # sized for the observed rate x (1 + headroom)
-    down_after: int = 2  # intervals in a row that wanted fewer pods before any leaves
+    # Intervals in a row whose rate's high end wanted fewer pods before any leaves (the bound is
+    # the guard against lulls; more intervals trade a later scale-in for fewer wrong ones).
+    down_after: int = 1
     max_pods: int = 4  # prefill + decode
     trace_seconds: float = 60.0  # the simulated load's span
     seed: int = 0
@@ -151,19 +186,23 @@ class Action(enum.Enum):
 class Decision:
     action: Action
     shape: Shape  # what to scale to (the current shape unless the action scales)
-    wanted: Shape  # what this interval's load alone wanted
+    wanted: Shape  # what this interval's load at its mean rate wanted
     floor: Shape  # what the live streams need
     correction: TierCorrection  # what the simulated pods were scaled by
+    # What the rate's high end wanted (asked only when the mean did not scale up).
+    wanted_upper: Shape | None = None
 
 
-def trace(observation: Observation, policy: Policy) -> list[TraceRequest]:
+def trace(
+    observation: Observation, policy: Policy, rate: float | None = None
+) -> list[TraceRequest]:
     """The load to size for: the workers' backlog, as prompts waiting at its start, then Poisson
-    arrivals at the observed rate x (1 + headroom)."""
+    arrivals at `rate` (default: the observed one) x (1 + headroom)."""
     if not observation.prompt_tokens.total or not observation.output_tokens.total:
         return []
     rng = random.Random(policy.seed)
     requests = _backlog(observation, rng)
-    rate = observation.rate * (1 + policy.headroom)
+    rate = (observation.rate if rate is None else rate) * (1 + policy.headroom)
     if rate <= 0:
         return requests
     arrival = rng.expovariate(rate)
@@ -196,7 +235,7 @@ class Autoscaler:
         slo: Slo,
         policy: Policy = Policy(),
         colocated: bool = False,
-        wanted: Callable[[Observation], Shape] | None = None,
+        wanted: Callable[[Observation, float, Shape], Shape] | None = None,
     ) -> None:
         self.profile = profile
         self.engine = engine
@@ -206,7 +245,6 @@ class Autoscaler:
         self.colocated = colocated
         self._wanted = wanted or self.fewest_pods
         self._fewer_in_a_row: list[Shape] = []
-        self._last_wanted: Shape | None = None
 
     def floor(self, observation: Observation) -> Shape:
         decode = max(1, math.ceil(observation.in_flight / self.engine.max_num_seqs))
@@ -220,10 +258,13 @@ class Autoscaler:
             decode=tier_correction(self.profile, windows.get("decode", ()), share),
         )
 
-    def fewest_pods(self, observation: Observation) -> Shape:
-        """The fewest pods whose simulation meets both SLOs at the observation's load (the
+    def fewest_pods(
+        self, observation: Observation, rate: float | None = None, keep: Shape | None = None
+    ) -> Shape:
+        """The fewest pods whose simulation meets both SLOs at the observation's load, arriving
+        at `rate` (default: the observed one); of those, the split closest to `keep` (the
         smallest shape for no load; at `max_pods`, the one that misses least when none meets)."""
-        requests = trace(observation, self.policy)
+        requests = trace(observation, self.policy, rate)
         smallest = Shape(0 if self.colocated else 1, 1)
         if not requests:
             return smallest
@@ -236,17 +277,8 @@ class Autoscaler:
             ]
             meeting = [candidate for candidate in tried if candidate.meets]
             if meeting:
-                return self._kept_or_best(meeting)
+                return _closest_or_best(meeting, keep)
         return _shape(min(tried, key=self._miss)) if tried else smallest
-
-    def _kept_or_best(self, meeting: Sequence[Candidate]) -> Shape:
-        """Among splits that meet, the one wanted last time if it is one of them, else the
-        lowest TTFT p90: at a few arrivals a window the best split flips between, say, 3P1D and
-        1P3D, and each flip moves two pods for no gain (a first trace run did so)."""
-        shapes = [_shape(candidate) for candidate in meeting]
-        if self._last_wanted in shapes:
-            return self._last_wanted
-        return _shape(min(meeting, key=lambda c: (-c.attainment, c.ttft_p90)))
 
     def _miss(self, candidate: Candidate) -> float:
         """How far a candidate is from meeting, unfinished requests first: the share of requests
@@ -284,22 +316,28 @@ class Autoscaler:
 
     def decide(self, observation: Observation, current: Shape) -> Decision:
         floor = self.floor(observation)
-        load_wants = self._wanted(observation)
-        self._last_wanted = load_wants
-        wanted = load_wants.at_least(floor)
-        action, shape = self._act(wanted, current)
-        return Decision(action, shape, wanted, floor, self.correction(observation))
-
-    def _act(self, wanted: Shape, current: Shape) -> tuple[Action, Shape]:
-        if wanted.prefill > current.prefill or wanted.decode > current.decode:
+        wanted = self._wanted(observation, observation.rate, current).at_least(floor)
+        correction = self.correction(observation)
+        if _more_in_a_tier(wanted, current):
             self._fewer_in_a_row.clear()
-            # The other tier is not cut on the way, unless keeping it would pass max_pods.
-            raised = wanted.at_least(current)
-            return Action.SCALE_UP, raised if raised.pods <= self.policy.max_pods else wanted
-        if wanted == current:
+            return Decision(
+                Action.SCALE_UP, self._raised(wanted, current), wanted, floor, correction
+            )
+        upper = self._wanted(observation, observation.rate_upper, current).at_least(floor)
+        action, shape = self._down(upper, current)
+        return Decision(action, shape, wanted, floor, correction, upper)
+
+    def _raised(self, wanted: Shape, current: Shape) -> Shape:
+        """The other tier is not cut on the way up, unless keeping it would pass max_pods."""
+        raised = wanted.at_least(current)
+        return raised if raised.pods <= self.policy.max_pods else wanted
+
+    def _down(self, upper: Shape, current: Shape) -> tuple[Action, Shape]:
+        """Fewer pods once the rate's high end wanted fewer `down_after` times in a row."""
+        if upper == current or _more_in_a_tier(upper, current):
             self._fewer_in_a_row.clear()
             return Action.HOLD, current
-        self._fewer_in_a_row.append(wanted)
+        self._fewer_in_a_row.append(upper)
         if len(self._fewer_in_a_row) < self.policy.down_after:
             return Action.WAIT_DOWN, current
         target = self._fewer_in_a_row[0]
@@ -307,6 +345,23 @@ class Autoscaler:
             target = target.at_least(shape)
         self._fewer_in_a_row.clear()
         return Action.SCALE_DOWN, target
+
+
+def _more_in_a_tier(wanted: Shape, current: Shape) -> bool:
+    return wanted.prefill > current.prefill or wanted.decode > current.decode
+
+
+def _closest_or_best(meeting: Sequence[Candidate], keep: Shape | None) -> Shape:
+    """Of splits that meet, the one moving the fewest pods from `keep`, then the highest
+    attainment and lowest TTFT p90."""
+
+    def moves(candidate: Candidate) -> int:
+        shape = _shape(candidate)
+        if keep is None:
+            return 0
+        return abs(shape.prefill - keep.prefill) + abs(shape.decode - keep.decode)
+
+    return _shape(min(meeting, key=lambda c: (moves(c), -c.attainment, c.ttft_p90)))
 
 
 def _shape(candidate: Candidate) -> Shape:

@@ -7,10 +7,11 @@ nothing either way.
 
 Every `--interval-seconds` it scrapes the router's metrics, decides on the load of the last
 `--window-seconds`, scales when the decision says so (waiting until the pods are ready or
-drained) and prints one line: the window's arrival rate,
-streams in flight, what the load wanted, the floor the streams need, the action, the shape, and
-the factor each tier's simulated pods were corrected by (measured / predicted step time), and the
-workers a scale-in drained (`pdserve scale --json`'s departures).
+drained) and prints one line: the window's arrival rate, streams in flight, what the load
+wanted at that rate and at its high end (`wanted_upper`, asked when the mean did not scale up:
+planner/autoscale.py), the floor the streams need, the action, the shape, the factor each
+tier's simulated pods were corrected by (measured / predicted step time), and the workers a
+scale-in drained (`pdserve scale --json`'s departures).
 `--dry-run` decides without scaling; `--intervals N` stops after N decisions.
 """
 
@@ -78,8 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window-seconds",
         type=float,
-        default=60.0,
-        help="the load each decision sizes for is measured over this long (at least an interval)",
+        default=30.0,
+        help="the load each decision sizes for is measured over this long (at least an "
+        "interval; two by default: a scale-in comes two intervals after the load ends)",
     )
     parser.add_argument("--headroom", type=float, default=Policy.headroom, help="0.25: +25 %%")
     parser.add_argument("--down-after", type=int, default=Policy.down_after, help="intervals")
@@ -213,6 +215,7 @@ def _print(
         "rate": round(seen.rate, 3),
         "in_flight": seen.in_flight,
         "wanted": str(decision.wanted),
+        "wanted_upper": None if decision.wanted_upper is None else str(decision.wanted_upper),
         "floor": str(decision.floor),
         "action": decision.action.value,
         "shape": str(now),

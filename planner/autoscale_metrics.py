@@ -112,12 +112,15 @@ def observation(before: Routers, after: Routers) -> Observation:
     restarted between them, or that the first did not see, reads as the second's counts)."""
     seconds = _seconds(before, after)
     prompts = _summed(_between(before, after, PROMPT_TOKENS))
+    arrivals = prompts.total
+    if not arrivals:  # none in the window: the lengths so far (its rate's high end is not 0)
+        prompts = _summed(_between({}, after, PROMPT_TOKENS))
     outputs = _summed(_between(before, after, OUTPUT_TOKENS))
     if not outputs.total:  # none finished yet in this interval: those finished so far
         outputs = _summed(_between({}, after, OUTPUT_TOKENS))
     return Observation(
         seconds,
-        prompts.total,
+        arrivals,
         prompts,
         outputs,
         sum(scrape.in_flight for scrape in after.values()),

@@ -128,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SLO, --slo-tpot); a phase is attained at 0.9",
     )
     parser.add_argument("--interval-seconds", type=float, default=15.0, help="the autoscaler's")
-    parser.add_argument("--window-seconds", type=float, default=60.0, help="the autoscaler's")
+    parser.add_argument("--window-seconds", type=float, default=30.0, help="the autoscaler's")
     parser.add_argument("--max-pods", type=int, default=MAX_PODS, help="the autoscaler's")
     parser.add_argument("--seed", type=int, default=0, help="of the requests (every arm's)")
     parser.add_argument(

@@ -5,6 +5,7 @@ the workers' measured steps correct the profile per tier."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -21,6 +22,7 @@ from pdserve.planner.autoscale import (
     Observation,
     Policy,
     Shape,
+    poisson_upper,
     trace,
 )
 from pdserve.planner.plan import Candidate, PerRequestSlo, Slo, evaluate
@@ -130,17 +132,64 @@ def test_a_per_request_slo_is_met_by_the_share_of_requests_within_their_own() ->
     assert evaluate(split, profile, requests, Slo(10.0, 10.0, by_the_token)).attainment == 1.0
 
 
+def test_the_rates_high_end_is_the_poisson_bound() -> None:
+    """Chi-square's exact one-sided 95 % bounds: 2.996 (0 events), 4.744 (1), 16.96 (10)."""
+    assert poisson_upper(0) == pytest.approx(2.996, rel=0.01)
+    assert poisson_upper(1) == pytest.approx(4.744, rel=0.01)
+    assert poisson_upper(10) == pytest.approx(16.96, rel=0.01)
+    assert _chat(0.0, in_flight=1).rate_upper == pytest.approx(2.996 / 30, rel=0.01)  # none seen
+    assert _chat(rate=2.0).rate < _chat(rate=2.0).rate_upper < 2.0 * 1.3  # 60 seen: near
+
+
 def _fixed(*shapes: Shape) -> Autoscaler:
-    """An autoscaler whose load wants the given shapes, one per interval."""
+    """An autoscaler whose load wants the given shapes, one per interval, at either rate."""
     wanted = iter(shapes)
+    this_interval: list[Shape] = []
+
+    def per_interval(observation: Observation, rate: float, keep: Shape) -> Shape:
+        if rate == observation.rate:  # asked first each interval; the high end, if asked, next
+            this_interval[:] = [next(wanted)]
+        return this_interval[0]
+
     return Autoscaler(
         load_profile(PROFILE_OTHER_HOST),
         EngineConfig(max_num_seqs=8),
         PlacementConfig(),
         SLO,
         Policy(down_after=2),
-        wanted=lambda observation: next(wanted),
+        wanted=per_interval,
     )
+
+
+def _by_rate(engine: EngineConfig, asked: list[float]) -> Autoscaler:
+    """An autoscaler whose load wants one more decode pod per 1 req/s (1P1D below 1 req/s); the
+    rates it was asked about go to `asked`."""
+
+    def per_rate(observation: Observation, rate: float, keep: Shape) -> Shape:
+        asked.append(rate)
+        return Shape(1, 1 + math.floor(rate))
+
+    return Autoscaler(
+        load_profile(PROFILE_OTHER_HOST), engine, PlacementConfig(), SLO, wanted=per_rate
+    )
+
+
+def test_down_only_when_the_rates_high_end_wants_fewer(engine: EngineConfig) -> None:
+    """The mean scales up; the rate's high end scales down: a window with no trace of the busy
+    phase at once, a lull of a few arrivals not (the mean alone would take either as fewer)."""
+    asked: list[float] = []
+    scaler = _by_rate(engine, asked)
+    busy = scaler.decide(_chat(2.5), Shape(1, 1))  # 75 in 30 s
+    assert (busy.action, busy.shape) == (Action.SCALE_UP, Shape(1, 3)) and busy.wanted_upper is None
+    calmer = scaler.decide(_chat(1.5), Shape(1, 3))  # 45 in 30 s: at most 1.92 req/s
+    assert (calmer.action, calmer.shape) == (Action.SCALE_DOWN, Shape(1, 2))
+    lull = scaler.decide(_chat(0.8), Shape(1, 2))  # 24 in 30 s: mean 0.8, at most 1.13
+    assert (lull.action, lull.wanted, lull.wanted_upper) == (Action.HOLD, Shape(1, 1), Shape(1, 2))
+    quiet = scaler.decide(_chat(0.0, in_flight=3), Shape(1, 2))  # none in 30 s: at most 0.1
+    assert (quiet.action, quiet.shape) == (Action.SCALE_DOWN, Shape(1, 1))
+    assert asked[-1] == pytest.approx(2.996 / 30, rel=0.01)
+    idle = scaler.decide(_chat(0.0), Shape(1, 2))  # and nothing running: the load is over
+    assert (idle.action, idle.shape) == (Action.SCALE_DOWN, Shape(1, 1)) and asked[-1] == 0.0
 
 
 def test_up_at_once_down_after_a_run_of_quieter_intervals_to_the_most_they_wanted() -> None:

@@ -80,6 +80,18 @@ def test_the_interval_counts_only_what_arrived_between_the_scrapes() -> None:
     assert _by_bound(seen.output_tokens) == {8.0: 1, 32.0: 3, 256.0: 1}
 
 
+def test_a_window_without_arrivals_keeps_the_lengths_seen_so_far() -> None:
+    """No arrival in the window: the rate is 0, but its high end is not, and the autoscaler
+    sizes for it with the lengths the router saw before (planner/autoscale.py)."""
+    router = FakeRouterMetrics()
+    router.finish(prompt=1000, output=20, count=2)
+    before = router.scrapes(at=100.0)
+    router.in_flight.set(1)
+    seen = observation(before, router.scrapes(at=130.0))
+    assert seen.arrivals == 0 and seen.rate == 0.0 and seen.rate_upper > 0.09
+    assert _by_bound(seen.prompt_tokens) == {1024.0: 2}
+
+
 def test_a_router_restarted_between_scrapes_counts_from_zero() -> None:
     old = FakeRouterMetrics()
     old.finish(prompt=50, output=20, count=9)
