@@ -14,14 +14,16 @@ requests: the trace's phases one after another, each a Poisson process at its ra
 order given.
 
 One row per arm and phase: `{"arm", "phase", "attainment", "goodput", "pod_seconds":
-{"prefill", "decode"}, "scale_events", "streams_migrated", "requests_lost", "requests"}`.
+{"prefill", "decode"}, "scale_events", "streams_migrated", "requests_lost", "requests",
+"first_scale_down_s"}`.
 A request belongs to the phase it arrived in, and meets its SLOs when its TTFT is within its
 class's and its mean time per output token within --slo-tpot; goodput: those per second of the
 phase; pod_seconds: the pods ready per tier, sampled every second, over the phase's window;
 scale_events: the autoscaler's scale-ups and -downs in it; streams_migrated: streams the router
 moved live with their KV (a scale-in's drain) in it; requests_lost: requests that did not
-complete. After an arm's rows, a summary: its pod-seconds in all and the phases it attained 0.9
-in.
+complete; first_scale_down_s: seconds from the phase's start to the autoscaler's first scale-in
+line in it, which it prints once the pods have drained (null: none). After an arm's rows, a
+summary: its pod-seconds in all and the phases it attained 0.9 in.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class PhaseRow:
     streams_migrated: int
     requests_lost: int
     requests: int
+    first_scale_down_s: float | None
 
 
 @dataclass(frozen=True)
@@ -309,7 +312,13 @@ def _row(
         ),
         requests_lost=sum(not o.completed for o in found),
         requests=len(found),
+        first_scale_down_s=_first_scale_down(window, events),
     )
+
+
+def _first_scale_down(window: Window, events: Sequence[ScaleRow]) -> float | None:
+    downs = [r.at for r in events if r.row["action"] == "scale_down"]
+    return round(min(downs) - window.start, 1) if downs else None
 
 
 def _scaled(row: ScaleRow) -> bool:

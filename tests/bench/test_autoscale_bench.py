@@ -104,6 +104,7 @@ def test_a_phase_row_counts_its_own_requests_events_and_migrations() -> None:
     assert (row.attainment, row.goodput) == (0.5, 2 / 60)  # TTFT 3.0 > 2.0 misses; one lost
     assert (row.requests_lost, row.requests) == (1, 4)
     assert row.scale_events == 2 and row.streams_migrated == 1
+    assert row.first_scale_down_s == 159.0 - window.start
     assert row.pod_seconds == {"prefill": 60.0, "decode": 30 + 2 * 30}
     summary = _summary("autoscale", [row, row])
     assert summary["pod_seconds_total"] == 2 * 150.0 and summary["requests_lost"] == 2
