@@ -28,13 +28,16 @@ than its peers, is priced at what its steps take here. A worker that has not ste
 priced by its peers' measured steps.
 
 The cheapest option wins; exact ties go to the first in the order above (a short prompt on an
-idle decode worker stays there: no hand-off). The reason (`PlacementReason`, the members after
-LONG_PROMPT) names what decided. A prefill worker is offered streams only when idle or already
-lent, so a busy prefill tier keeps prefilling; a lent worker returns to prefill-only once its
-streams are done (roles.py). So when the prefill side idles its cores decode; streams spread
-over the workers that decode (the decode term); and a long prompt goes where its prefill stalls
-the fewest streams (the stall term), which once the prefill worker decodes too is often the
-prefill worker itself (remote, with the reason `spares_streams`).
+idle decode worker stays there: no hand-off). Under an ITL SLO the options on a prefill worker
+(lending it, or a stream more for one lent) are offered only when no decode worker can take the
+stream within the SLO (`_lending_only_when_needed`). The reason (`PlacementReason`, the members
+after LONG_PROMPT) names what decided. A prefill worker is offered streams only when idle or
+already lent, so a busy prefill tier keeps prefilling; a lent worker returns to prefill-only
+once its streams are done (roles.py). So when the prefill side idles its cores decode (under an
+ITL SLO: when decode needs them); streams spread over the workers that decode (the decode
+term); and a long prompt goes where its prefill stalls the fewest streams (the stall term),
+which once the prefill worker decodes too is often the prefill worker itself (remote, with the
+reason `spares_streams`).
 
 Torch-free, and called alike by the router (router/dispatch.py) and the planner's simulator
 (planner/sim_cluster.py).
@@ -135,11 +138,27 @@ def place_adaptive(
     options = _local_options(prompt_tokens, workers, costs)
     remote = _remote_options(prompt_tokens, workers, costs)
     options = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in options]
+    options = _lending_only_when_needed(options, costs)
     remote = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in remote]
     if not options and not remote:
         raise ValueError("workers: none can take the request")
     best = min([*options, *remote], key=lambda option: option.cost_s)  # first of equals
     return AdaptiveChoice(Placement(best.place, _reason(best, options, remote)), best)
+
+
+def _lending_only_when_needed(options: list[Option], costs: StepCosts) -> list[Option]:
+    """Under an ITL SLO, a prefill worker (idle, or lent already) decodes a new stream only when
+    no decode worker can take it within the SLO (its step with the stream in). Priced alone, an
+    idle prefill worker is always the cheaper decoder (a batch of one steps fastest), so it was
+    lent most chat streams; the next long prompt then shared its steps with streams wherever it
+    went, and chat missed its TPOT where a prefill worker kept for prompts served every class
+    (docs/disaggregation.md, the default mix). Without an SLO there is no bound to decide by:
+    lending is priced like any option."""
+    slo = costs.itl_slo_s
+    own = [option for option in options if option.decode.tier is WorkerRole.DECODE]
+    if slo is None or not any(option.step_s <= slo for option in own):
+        return options
+    return own
 
 
 def _priced_by_peers(workers: Sequence[WorkerState]) -> list[WorkerState]:

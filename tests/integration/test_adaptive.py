@@ -22,7 +22,13 @@ pytestmark = pytest.mark.integration
 
 POLL_S = 0.2
 COST_MODEL = ("--profile", str(PROFILE_OTHER_HOST), "--itl-slo", "0.3")
-ROUTER_ARGS = ("--placement", "adaptive", *COST_MODEL, "--load-poll-interval-seconds", str(POLL_S))
+# The router's ITL SLO is one no decode step meets, so that decode never keeps a new stream
+# within it and the idle prefill worker may be lent: under a 0.3 s SLO decode takes the streams
+# itself (router/placement/adaptive.py lends only when it cannot; tests/router checks that).
+ROUTER_ARGS = (
+    *("--placement", "adaptive", "--profile", str(PROFILE_OTHER_HOST), "--itl-slo", "0.001"),
+    *("--load-poll-interval-seconds", str(POLL_S)),
+)
 PLACEMENTS = "pdserve_router_prefill_placements_total"
 ROLE_CHANGES = "pdserve_router_role_changes_total"
 LOCAL_PREFILLS = "pdserve_decode_local_prefills_total"

@@ -97,6 +97,17 @@ def test_a_lent_prefill_worker_keeps_taking_streams() -> None:
     assert not choice.lends
 
 
+def test_under_an_itl_slo_a_prefill_worker_is_lent_only_when_decode_cannot_keep_it() -> None:
+    """Decode's step with a 21st stream: 50 + 21 x 5 = 155 ms. Within a 200 ms SLO decode takes
+    it, lent or idle prefill worker or not; past a 100 ms one the idle prefill worker is lent."""
+    for prefill_worker in (prefill(), prefill(running=2, role=DECODE)):
+        workers = [decode(running=20), prefill_worker]
+        kept = place_adaptive(100, 1, workers, costs(itl_slo=0.2))
+        assert kept.option.decode.address == "d" and not kept.lends
+    lent = place_adaptive(100, 1, [decode(running=20), prefill()], costs(itl_slo=0.1))
+    assert lent.option.decode.address == "p" and lent.lends
+
+
 def test_the_least_loaded_decode_worker_takes_a_local_prompt() -> None:
     workers = [decode(running=8, name="d0"), decode(running=1, name="d1")]
     choice = place_adaptive(100, 1, workers, costs())
