@@ -77,14 +77,6 @@ def simulate_seen(
 def a_priori_deployment(
     num_prefill: int, num_decode: int, engine: EngineConfig, placement: PlacementConfig
 ) -> Deployment:
-    """The deployment as `real_runs` pins it, known before any run: workers that share a core
-    split it evenly (prefill workers share core 0, decode workers core 1)."""
-    return Deployment(
-        num_prefill,
-        num_decode,
-        engine,
-        engine,
-        placement,
-        prefill_share=1.0 / num_prefill if num_prefill else 1.0,
-        decode_share=1.0 / num_decode,
-    )
+    """The deployment as `real_runs` pins it, known before any run: prefill workers share core 0,
+    decode workers core 1, each core shared among the workers stepping on it."""
+    return Deployment(num_prefill, num_decode, engine, engine, placement, one_core_per_tier=True)

@@ -38,7 +38,7 @@ from pdserve.core.kv.block_pool import blocks_for
 from pdserve.core.sched.scheduler import Scheduler
 from pdserve.costmodel.profile import Profile
 from pdserve.costmodel.step_budget import ItlMode, StepCosts, WorkerStepBudget
-from pdserve.planner.sim_worker import Journey, Role, SimWorker, UsageSample
+from pdserve.planner.sim_worker import Journey, Role, SharedCore, SimWorker, UsageSample
 from pdserve.planner.workload import TraceRequest
 from pdserve.router.placement.adaptive import WorkerRole, WorkerState, place_adaptive
 from pdserve.router.placement.prefill_place import (
@@ -58,10 +58,13 @@ class Deployment:
     prefill_config: EngineConfig = field(default_factory=EngineConfig)
     decode_config: EngineConfig = field(default_factory=EngineConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)  # the router's rule
-    # Fraction of the profiled device each worker of a tier gets: 0.5 for two workers pinned to
-    # one core (both busy, each at half speed), as the 2-core validation runs are.
+    # Fraction of the profiled device each worker of a tier gets (a pod's CPU quota: 0.5 for
+    # half-core pods).
     prefill_share: float = 1.0
     decode_share: float = 1.0
+    # Each tier's workers pinned to one core of its own, shared as the kernel shares it
+    # (sim_worker.SharedCore), as the 2-core validation runs pin them.
+    one_core_per_tier: bool = False
     itl_slo_s: float | None = None  # the workers' (and router's) --itl-slo
     itl_slo_mode: ItlMode = ItlMode.STEP  # the workers' --itl-slo-mode
     admission: Slo | None = None  # the router's --slo-ttft / --slo-tpot (None: admit everything)
@@ -120,6 +123,9 @@ class ClusterSim:
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
         self._order = itertools.count()
         self.now = 0.0
+        prefill_core, decode_core = (
+            (SharedCore(), SharedCore()) if deployment.one_core_per_tier else (None, None)
+        )
         self.prefill = [
             SimWorker(
                 f"prefill-{i}",
@@ -129,6 +135,7 @@ class ClusterSim:
                 self.at,
                 scheduler_class,
                 deployment.prefill_share,
+                core=prefill_core,
             )
             for i in range(deployment.num_prefill)
         ]
@@ -141,6 +148,7 @@ class ClusterSim:
                 self.at,
                 scheduler_class,
                 deployment.decode_share,
+                core=decode_core,
             )
             for i in range(deployment.num_decode)
         ]

@@ -117,6 +117,19 @@ class UsageSample:
     running: int
 
 
+class SharedCore:
+    """Workers pinned to one core (planner/real_runs.py pins each tier's to one): the kernel
+    shares it among the processes that run, and an idle one takes nothing. A step is priced at
+    1 / (the core's workers stepping when it starts, itself included) of the core: alone, the
+    whole of it. An even split instead predicted the TTFT of two prefill workers on one core,
+    rarely busy at once at 1-3 req/s, 40-63 % high (docs/planning.md, "Fidelity"). A step does
+    not slow down when another starts after it: an approximation, steps being short beside the
+    gaps between them at such rates."""
+
+    def __init__(self) -> None:
+        self.stepping = 0
+
+
 class SimWorker:
     def __init__(
         self,
@@ -128,12 +141,14 @@ class SimWorker:
         scheduler_class: type[Scheduler] = Scheduler,
         share: float = 1.0,
         usage_interval_s: float = 1.0,
+        core: SharedCore | None = None,
     ) -> None:
         self.name, self.role, self.config, self.profile = name, role, config, profile
         self.scheduler = scheduler_class(config)
         self.kv_manager: KVCacheManager = self.scheduler.kv_manager
         self._at = at
         self._share = share  # of the profiled device: step times are divided by it
+        self._core = core  # shared with other workers (None: a core, or a quota, of its own)
         self.journeys: dict[str, Journey] = {}
         self.requests: dict[str, Request] = {}
         self._commands: list[Callable[[float], None]] = []
@@ -229,6 +244,9 @@ class SimWorker:
                 if c.completes and c.request.request_id in self._ships
             )
             seconds += shipped * self.profile.blocks.gather_s
+        if self._core is not None:
+            self._core.stepping += 1
+            seconds *= self._core.stepping
         seconds /= self._share
         self._record_usage(now)
         self._busy = True
@@ -251,6 +269,8 @@ class SimWorker:
             if chunk.completes:
                 self._append_token(chunk.request, now)
         self._busy = False
+        if self._core is not None:
+            self._core.stepping -= 1
         self._turn(now)
 
     # -- requests -------------------------------------------------------------------------

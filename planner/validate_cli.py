@@ -8,8 +8,9 @@ at i / rate, prompts from a seed of that rate and repeat (no prompt replays anot
 trace is then simulated.
 
 The simulation knows only what was known before the run: the profile (its offline step model and
-the serving costs `pdserve profile --serving` measured in a run of its own) and an even split of a
-core among the workers pinned to it. Nothing measured during the run feeds it.
+the serving costs `pdserve profile --serving` measured in a run of its own) and which workers are
+pinned to one core (shared among those stepping: planner/sim_worker.py `SharedCore`). Nothing
+measured during the run feeds it.
 
 Per configuration, rate and metric one line: the real and simulated means over the repeats,
 error = |sim - real| / real (for `attainment`: |sim - real|, a difference of shares), the 95 % t

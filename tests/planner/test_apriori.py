@@ -16,9 +16,10 @@ from pdserve.planner.fidelity import RequestSlo, a_priori_deployment, figures, s
 from pdserve.planner.plan import Slo
 from pdserve.planner.real_runs import Seen, engine_flags
 from pdserve.planner.serving_calibration import BURSTS, burst, fit_serving
+from pdserve.planner.sim_cluster import Deployment
 from pdserve.planner.validate_cli import repeat_noise, summary, validation_trace
 from pdserve.planner.verify import report
-from pdserve.planner.workload import PoissonSpec, TokenRange
+from pdserve.planner.workload import PoissonSpec, TokenRange, TraceRequest
 from pdserve.router.placement.prefill_place import PlacementConfig
 from tests.planner.helpers import fixed_step_profile
 
@@ -97,3 +98,22 @@ def test_an_error_within_the_runs_own_noise_meets_the_target() -> None:
     quiet = summary([line(0.2, 0.02), line(0.2, 0.02)])
     assert not quiet["meets_target"]
     assert summary([line(0.05, None)])["meets_target"]  # one repeat: the fixed targets
+
+
+def test_workers_pinned_to_one_core_share_it_only_while_both_step() -> None:
+    """2P1D as the validation pins it: a prompt alone on the prefill core has it all (as on
+    1P1D's), two at once divide it; an even split priced the lone one at half speed."""
+    profile = fixed_step_profile(0.1)
+    engine = EngineConfig()
+    shared = a_priori_deployment(2, 1, engine, PlacementConfig())
+    halves = dataclasses.replace(shared, one_core_per_tier=False, prefill_share=0.5)
+    alone = [TraceRequest(0.0, 16, 2)]
+
+    def ttfts(deployment: Deployment, trace: list[TraceRequest]) -> list[float]:
+        return [seen.ttft_s or 0.0 for seen in simulate_seen(deployment, profile, trace)]
+
+    one_core = ttfts(a_priori_deployment(1, 1, engine, PlacementConfig()), alone)
+    assert ttfts(shared, alone) == pytest.approx(one_core)
+    assert ttfts(halves, alone)[0] > one_core[0] + 0.09  # its prefill step at half speed
+    together = ttfts(shared, [TraceRequest(0.0, 16, 2), TraceRequest(0.0, 16, 2)])
+    assert max(together) > one_core[0] + 0.09  # the core divided while both step
