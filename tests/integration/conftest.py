@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.local.cluster import Cluster, ClusterSpec, ClusterTls
+from pdserve.local.cluster import Cluster, ClusterSpec, ClusterTls, CpuPin
 
 # Small pools keep five processes within the CI machine's memory.
 WORKER_ARGS = ("--num-kv-blocks", "256", "--num-swap-blocks", "64")
@@ -52,9 +52,11 @@ def start_cluster(
     decode_args: tuple[str, ...] = (),
     drain_grace_seconds: float = 5.0,
     num_routers: int = 1,
+    pins: tuple[CpuPin, ...] = (),
 ) -> Cluster:
     """`env` reaches every process (e.g. a tier-only flag by its PDSERVE_ variable);
-    `prefill_args` and `decode_args` follow `worker_args` on that tier's workers only."""
+    `prefill_args` and `decode_args` follow `worker_args` on that tier's workers only; `pins`
+    puts processes on CPUs of their own."""
     base_port, metrics_base_port = free_port_bases(2)
     spec = ClusterSpec(
         model_dir=model_dir,
@@ -70,6 +72,7 @@ def start_cluster(
         drain_grace_seconds=drain_grace_seconds,
         tls=tls,
         num_routers=num_routers,
+        pins=pins,
     )
     cluster = Cluster(spec, log_dir)
     cluster.start()
