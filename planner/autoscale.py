@@ -189,7 +189,7 @@ class Decision:
     wanted: Shape  # what this interval's load at its mean rate wanted
     floor: Shape  # what the live streams need
     correction: TierCorrection  # what the simulated pods were scaled by
-    # What the rate's high end wanted (asked only when the mean did not scale up).
+    # What the rate's high end wanted (asked only when the mean wanted fewer pods).
     wanted_upper: Shape | None = None
 
 
@@ -323,6 +323,9 @@ class Autoscaler:
             return Decision(
                 Action.SCALE_UP, self._raised(wanted, current), wanted, floor, correction
             )
+        if wanted == current:  # the high end of the rate wants at least what its mean does
+            self._fewer_in_a_row.clear()
+            return Decision(Action.HOLD, current, wanted, floor, correction)
         upper = self._wanted(observation, observation.rate_upper, current).at_least(floor)
         action, shape = self._down(upper, current)
         return Decision(action, shape, wanted, floor, correction, upper)

@@ -8,7 +8,7 @@ nothing either way.
 Every `--interval-seconds` it scrapes the router's metrics, decides on the load of the last
 `--window-seconds`, scales when the decision says so (waiting until the pods are ready or
 drained) and prints one line: the window's arrival rate, streams in flight, what the load
-wanted at that rate and at its high end (`wanted_upper`, asked when the mean did not scale up:
+wanted at that rate and at its high end (`wanted_upper`, asked when the mean wanted fewer:
 planner/autoscale.py), the floor the streams need, the action, the shape, the factor each
 tier's simulated pods were corrected by (measured / predicted step time), and the workers a
 scale-in drained (`pdserve scale --json`'s departures).
