@@ -41,7 +41,7 @@ from pdserve.router.decode_mux import DecodeMultiplexer, MuxRun
 from pdserve.router.direct_calls import DirectCalls, DirectRun
 from pdserve.router.errors import RouterError
 from pdserve.router.live_migration import LiveMigration, StreamSuspended
-from pdserve.router.placement.adaptive import place_adaptive
+from pdserve.router.placement.adaptive import AdaptiveChoice, place_adaptive
 from pdserve.router.placement.prefill_place import (
     PlacementMode,
     PrefillPlace,
@@ -229,6 +229,7 @@ class Dispatcher:
         choice = place_adaptive(prompt_tokens, output_tokens, states, costs)
         placement, option = choice.placement, choice.option
         metrics.PREFILL_PLACEMENTS.labels(placement.place.value, placement.reason.value).inc()
+        _log_placement(request, output_tokens, choice)
         if option.prefill is None:
             decode = self.roles.decode_worker(option.decode.address)
             self.registry.decode.count_prompt(decode, prompt_tokens)
@@ -353,3 +354,30 @@ def _finished(delta: decode_pb2.TokenDelta) -> bool:
 def _continued(request: ValidatedRequest, emitted: list[int]) -> ValidatedRequest:
     """The rest of `request` after `emitted`: what a migration runs on another worker."""
     return dataclasses.replace(request, resumed_output_token_ids=tuple(emitted))
+
+
+def _log_placement(request: ValidatedRequest, output_tokens: int, choice: AdaptiveChoice) -> None:
+    """What the cost model chose and its prices (--log-level debug): why a request landed where
+    it did, read beside its latencies."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    option = choice.option
+    prefill = "" if option.prefill is None else f" prefill {option.prefill.address}"
+    log.debug(
+        "placed %s: %d prompt tokens, %d output expected: %s (%s) decode %s%s; predicted "
+        "ttft %.3f s, stall %.3f s, decode %.3f s, step %.4f s; decode worker had %d streams, "
+        "%d prompt tokens queued",
+        request.log_name,
+        request.context_length,
+        output_tokens,
+        choice.placement.place.value,
+        choice.placement.reason.value,
+        option.decode.address,
+        prefill,
+        option.ttft_s,
+        option.stall_s,
+        option.decode_s,
+        option.step_s,
+        option.decode.running,
+        option.decode.pending_prompt_tokens,
+    )

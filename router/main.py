@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.core.model.source import resolve_model
-from pdserve.core.serving.cli_config import server_config_from_args
+from pdserve.core.serving.cli_config import configure_logging, server_config_from_args
 from pdserve.core.serving.server import ServerConfig, ServiceHost
 from pdserve.router.admission import Admission
 from pdserve.router.config import RouterConfig
@@ -121,7 +121,7 @@ async def _build_and_serve(config: RouterConfig, server: ServerConfig, source: M
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.log_level, "%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = router_config_from_args(args)
         server = server_config_from_args(args)

@@ -48,7 +48,7 @@ from pdserve.bench.autoscale.deployment import (
     require_root,
 )
 from pdserve.bench.autoscale.trace import Phase, load_trace, tightest_ttft_slo
-from pdserve.bench.disagg.attainment import outcomes
+from pdserve.bench.disagg.attainment import outcomes, record
 from pdserve.bench.disagg.cli import plan_load, send_plan
 from pdserve.bench.disagg.workload import PlannedRequest, plan_requests, point_seed
 from pdserve.loadtest.calls import CallResult
@@ -218,18 +218,7 @@ def _write_requests(
     lines = []
     for phase, plan, found in zip(phases, plans, results, strict=True):
         for planned, got in zip(plan, outcomes(plan, found, tpot_slo_s), strict=True):
-            record = {
-                "phase": phase.name,
-                "class": planned.class_name,
-                "prompt_tokens": len(planned.prompt),
-                "max_tokens": planned.max_tokens,
-                "ttft_slo_s": planned.ttft_slo_s,
-                "ttft_s": got.ttft_s,
-                "tpot_s": got.tpot_s,
-                "completed": got.completed,
-                "meets_slo": got.meets_slo,
-            }
-            lines.append(json.dumps(record) + "\n")
+            lines.append(json.dumps({"phase": phase.name, **record(planned, got)}) + "\n")
     path.write_text("".join(lines))
 
 

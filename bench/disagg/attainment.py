@@ -56,6 +56,21 @@ def outcomes(
     return [outcome(planned, by_number[i], tpot_slo_s) for i, planned in enumerate(plan)]
 
 
+def record(planned: PlannedRequest, got: RequestOutcome) -> dict[str, object]:
+    """One request as the benches' request logs write it (a JSON line): its class and lengths,
+    what it got, whether it met its SLOs."""
+    return {
+        "class": planned.class_name,
+        "prompt_tokens": len(planned.prompt),
+        "max_tokens": planned.max_tokens,
+        "ttft_slo_s": planned.ttft_slo_s,
+        "ttft_s": got.ttft_s,
+        "tpot_s": got.tpot_s,
+        "completed": got.completed,
+        "meets_slo": got.meets_slo,
+    }
+
+
 def attainment(requests: Sequence[RequestOutcome]) -> float:
     return sum(r.meets_slo for r in requests) / len(requests) if requests else 0.0
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pdserve.bench.disagg import counters
 from pdserve.bench.disagg.arms import ARMS, Arm, ArmSettings, running_arm
-from pdserve.bench.disagg.attainment import goodput_rate, outcomes
+from pdserve.bench.disagg.attainment import goodput_rate, outcomes, record
 from pdserve.bench.disagg.report import ArmResult, Repeat, plot_results, print_header
 from pdserve.bench.disagg.workload import (
     PlannedRequest,
@@ -276,11 +276,13 @@ def _run_arm(
 ) -> list[tuple[float, Repeat]]:
     """One turn of `arm`: a fresh, warmed-up cluster serves `points` (one repeat's)."""
     log_dir = None if args.log_dir is None else args.log_dir / arm.name / f"repeat-{repeat}"
-    with running_arm(arm, model_dir, settings.arms, log_dir) as cluster:
+    # With logs kept, the router logs each placement (the adaptive arm's, with its prices).
+    router_args = () if log_dir is None else ("--log-level", "debug")
+    with running_arm(arm, model_dir, settings.arms, log_dir, router_args) as cluster:
         send_plan(cluster.router.address, warmup, rate=None, schedule_seed=0)
         served = []
         for point in points:
-            run = _run_point(cluster, point, settings)
+            run = _run_point(cluster, point, settings, log_dir)
             _progress(arm.name, repeat, point.rate, run)
             served.append((point.rate, run))
         return served
@@ -334,12 +336,26 @@ def _wide_intervals(served: dict[str, dict[float, list[Repeat]]], settings: Benc
     )
 
 
-def _run_point(cluster: Cluster, point: Point, settings: BenchSettings) -> Repeat:
+def _run_point(
+    cluster: Cluster, point: Point, settings: BenchSettings, log_dir: Path | None
+) -> Repeat:
+    """Serves one point; with `log_dir`, its requests carry ids (`rRATE-REPEAT-i`, in the
+    router's log lines) and a line each goes to `requests-RATE.jsonl` there."""
     workers = cluster.prefill + cluster.decode
+    ids = None if log_dir is None else f"r{point.rate:g}-{point.repeat}-"
     before = counters.snapshot(cluster.router, workers)
-    results = send_plan(cluster.router.address, point.plan, point.rate, point.schedule_seed)
+    results = send_plan(
+        cluster.router.address, point.plan, point.rate, point.schedule_seed, id_prefix=ids
+    )
     counted = counters.snapshot(cluster.router, workers).since(before)
-    return Repeat(tuple(outcomes(point.plan, results, settings.tpot_slo_s)), counted)
+    served = outcomes(point.plan, results, settings.tpot_slo_s)
+    if log_dir is not None:
+        lines = [
+            json.dumps({"request_id": f"{ids}{i}", **record(planned, got)}) + "\n"
+            for i, (planned, got) in enumerate(zip(point.plan, served, strict=True))
+        ]
+        (log_dir / f"requests-{point.rate:g}.jsonl").write_text("".join(lines))
+    return Repeat(tuple(served), counted)
 
 
 def send_plan(
@@ -349,12 +365,13 @@ def send_plan(
     schedule_seed: int,
     with_slo: bool = False,
     metadata: tuple[tuple[str, str], ...] = (),
+    id_prefix: str | None = None,
 ) -> tuple[CallResult, ...]:
     """Streams every planned request through the router at Poisson arrivals (or all at once)
     and waits for the last to finish; `with_slo`: each carries its class's TTFT SLO as its own
     (`GenerateRequest.slo`, what the router's admission judges); `metadata` goes with every
-    call (e.g. a tenant header)."""
-    config = plan_load(host, plan, rate, schedule_seed, with_slo, metadata)
+    call (e.g. a tenant header); `id_prefix`: request i carries `request_id` prefix + i."""
+    config = plan_load(host, plan, rate, schedule_seed, with_slo, metadata, id_prefix)
     return asyncio.run(drive(config)).results
 
 
@@ -365,13 +382,17 @@ def plan_load(
     schedule_seed: int,
     with_slo: bool = False,
     metadata: tuple[tuple[str, str], ...] = (),
+    id_prefix: str | None = None,
 ) -> LoadConfig:
     """The load runner's config for `send_plan` (several run together in one event loop by
     gathering `drive` of each)."""
     return LoadConfig(
         method=Method.GENERATE_STREAM,
         host=host,
-        data=tuple(request.call_data(with_slo) for request in plan),
+        data=tuple(
+            request.call_data(with_slo, None if id_prefix is None else f"{id_prefix}{i}")
+            for i, request in enumerate(plan)
+        ),
         total=len(plan),
         concurrency=len(plan),  # open loop: no worker is ever the bottleneck
         rps=rate or 0.0,

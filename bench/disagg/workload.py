@@ -94,12 +94,14 @@ class PlannedRequest:
     max_tokens: int
     ttft_slo_s: float
 
-    def call_data(self, with_slo: bool = False) -> dict[str, Any]:
+    def call_data(self, with_slo: bool = False, request_id: str | None = None) -> dict[str, Any]:
         """The GenerateRequest in protobuf JSON (the load runner's `data`); `with_slo`: its
-        TTFT SLO as the request's own (`slo.ttft_seconds`)."""
+        TTFT SLO as the request's own (`slo.ttft_seconds`); `request_id`: the client's id."""
         sampling = {"max_tokens": self.max_tokens, "temperature": 0.0, "ignore_eos": True}
         data: dict[str, Any] = {"prompt_token_ids": {"ids": list(self.prompt)}}
         data["sampling"] = sampling
+        if request_id is not None:
+            data["request_id"] = request_id
         if with_slo:
             data["slo"] = {"ttft_seconds": self.ttft_slo_s}
         return data

@@ -6,6 +6,7 @@ This is the one place that reads pdserve's environment: everything below receive
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import fields
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from pdserve.core.transfer.ucx_runtime import UcxConfig
 
 ENV_PREFIX = "PDSERVE_"
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
 def env_name(flag: str) -> str:
@@ -132,8 +134,21 @@ def add_server_arguments(parser: argparse.ArgumentParser, port: int, metrics_por
         DEFAULT_MAX_MESSAGE_BYTES,
         "largest gRPC message received or sent (bigger ones end RESOURCE_EXHAUSTED)",
     )
+    add_flag(
+        group,
+        "--log-level",
+        str,
+        "info",
+        "log level (debug adds a line per decision: the router's placements)",
+        choices=list(LOG_LEVELS),
+    )
     add_keepalive_arguments(group)
     add_tls_server_arguments(parser)
+
+
+def configure_logging(level: str, line_format: str) -> None:
+    """The process's log level (--log-level) and line format."""
+    logging.basicConfig(level=LOG_LEVELS[level], format=line_format)
 
 
 def add_keepalive_arguments(group: argparse._ArgumentGroup) -> None:

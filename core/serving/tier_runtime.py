@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import faulthandler
-import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -22,6 +21,7 @@ from pdserve.core.serving.cli_config import (
     add_model_arguments,
     add_server_arguments,
     add_ucx_arguments,
+    configure_logging,
     server_config_from_args,
 )
 from pdserve.core.serving.engine_loop import EngineLoop
@@ -204,7 +204,7 @@ def run_tier(
 ) -> int:
     """A worker's main: serve `service_name` (also its readiness name) until SIGTERM."""
     role = service_name.rsplit(".", 1)[-1].lower()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
+    configure_logging(args.log_level, f"%(asctime)s {role} %(levelname)s %(message)s")
 
     async def serve() -> None:
         # grpc.aio objects must be created inside the running event loop.

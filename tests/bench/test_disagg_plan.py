@@ -14,6 +14,7 @@ from pdserve.bench.disagg.attainment import (
     goodput_rate,
     outcome,
     outcomes,
+    record,
 )
 from pdserve.bench.disagg.cli import (
     MIXES,
@@ -172,6 +173,15 @@ def test_tpot_divides_by_tokens_so_a_chunk_of_several_counts_for_each() -> None:
     assert fast.meets_slo
     assert not outcome(_planned(), _result(0.5, (0.2, 0.2), 5), tpot_slo_s=0.09).meets_slo
     assert not outcome(_planned(0.4), _result(0.5, (0.2, 0.2), 5), tpot_slo_s=1).meets_slo
+
+
+def test_a_request_log_line_carries_the_id_the_router_logs() -> None:
+    planned = _planned()
+    assert "request_id" not in planned.call_data()
+    assert planned.call_data(request_id="r0.3-1-4")["request_id"] == "r0.3-1-4"
+    line = record(planned, outcome(planned, _result(0.5, (0.2, 0.2), tokens=5), tpot_slo_s=0.1))
+    assert line["class"] == planned.class_name and line["meets_slo"] is True
+    assert line["tpot_s"] == pytest.approx(0.1)
 
 
 def test_a_failed_request_misses_and_every_planned_request_is_accounted() -> None:

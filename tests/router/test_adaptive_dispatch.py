@@ -5,8 +5,10 @@ decision is counted with its reason."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from pdserve.client import build_request
@@ -46,6 +48,24 @@ def test_an_idle_pair_prefills_on_the_decode_worker(router_stack: Any) -> None:
             assert after == before + 1
 
     asyncio.run(body())
+
+
+def test_at_debug_level_each_placement_is_logged_with_its_prices(
+    router_stack: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        async with router_stack(**ADAPTIVE) as stack:
+            request = build_request([1] * 20, sampling=SAMPLING)
+            request.request_id = "client-7"
+            await stack.client.generate(request)
+
+    with caplog.at_level(logging.DEBUG, logger="pdserve.router.dispatch"):
+        asyncio.run(body())
+    placed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("placed ")]
+    assert len(placed) == 1
+    assert "client id 'client-7'" in placed[0]
+    assert "20 prompt tokens" in placed[0] and "local (local_cheaper)" in placed[0]
+    assert "predicted ttft" in placed[0]
 
 
 def test_a_long_prompt_beside_busy_streams_goes_to_the_busy_prefill_tier(
