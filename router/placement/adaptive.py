@@ -30,7 +30,9 @@ priced by its peers' measured steps.
 The cheapest option wins; exact ties go to the first in the order above (a short prompt on an
 idle decode worker stays there: no hand-off). Under an ITL SLO the options on a prefill worker
 (lending it, or a stream more for one lent) are offered only when no decode worker can take the
-stream within the SLO (`_lending_only_when_needed`). The reason (`PlacementReason`, the members
+stream within the SLO (`_lending_only_when_needed`), and a prompt longer than one step is
+prefilled beside running streams only when no worker without streams can take it
+(`_long_prompts_where_no_stream_waits`). The reason (`PlacementReason`, the members
 after LONG_PROMPT) names what decided. A prefill worker is offered streams only when idle or
 already lent, so a busy prefill tier keeps prefilling; a lent worker returns to prefill-only
 once its streams are done (roles.py). So when the prefill side idles its cores decode (under an
@@ -142,8 +144,28 @@ def place_adaptive(
     remote = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in remote]
     if not options and not remote:
         raise ValueError("workers: none can take the request")
-    best = min([*options, *remote], key=lambda option: option.cost_s)  # first of equals
+    candidates = _long_prompts_where_no_stream_waits([*options, *remote], prompt_tokens, costs)
+    best = min(candidates, key=lambda option: option.cost_s)  # first of equals
     return AdaptiveChoice(Placement(best.place, _reason(best, options, remote)), best)
+
+
+def _long_prompts_where_no_stream_waits(
+    options: list[Option], prompt_tokens: int, costs: StepCosts
+) -> list[Option]:
+    """Under an ITL SLO, a prompt longer than one step's tokens (max_num_batched_tokens) is
+    prefilled beside running streams only when no worker without streams can prefill it. The
+    cost sums seconds alike, a long prompt's TTFT and the streams' stall; but a long prompt's
+    TTFT SLO grows with its length while a stream's TPOT has a fixed slack, which the workers'
+    `mean` step budget spends at once on the prompt's first chunks (costmodel/step_budget.py)
+    and later steps, busier than the decode-only steps it assumed, do not give back. Priced
+    alone, a long prompt went local beside chat streams whenever the prefill worker had a
+    prompt queued, and those streams missed their TPOT where the conditional arm, which sends
+    every long prompt to the prefill tier, kept them (docs/disaggregation.md, the default mix).
+    A prompt of one step costs the streams one longer step: it is priced like any option."""
+    if costs.itl_slo_s is None or prompt_tokens <= costs.max_num_batched_tokens:
+        return options
+    quiet = [option for option in options if (option.prefill or option.decode).running == 0]
+    return quiet or options
 
 
 def _lending_only_when_needed(options: list[Option], costs: StepCosts) -> list[Option]:

@@ -108,6 +108,22 @@ def test_under_an_itl_slo_a_prefill_worker_is_lent_only_when_decode_cannot_keep_
     assert lent.option.decode.address == "p" and lent.lends
 
 
+def test_under_an_itl_slo_a_long_prompt_is_prefilled_where_no_stream_waits() -> None:
+    """3,000 tokens (two chunks: 2,048 + 952) with one stream on decode and 4,000 queued on the
+    prefill worker. Local: 3.1 s to the first token, and the stream waits 3.0 s more; remote:
+    7.2 s behind the queue and its own chunks, 1.9 s of delivery (188 blocks). Cheaper local
+    in summed seconds, so without an SLO it goes local; under one, to the prefill worker, whose
+    queue stalls no stream. A prompt of one step (2,048) stays priced as before."""
+    workers = [decode(running=1), prefill(pending=4000)]
+    assert place_adaptive(3000, 1, workers, costs()).option.place is PrefillPlace.LOCAL
+    spared = place_adaptive(3000, 1, workers, costs(itl_slo=10.0))
+    assert spared.option.place is PrefillPlace.REMOTE
+    one_step = place_adaptive(2048, 1, workers, costs(itl_slo=10.0))
+    assert one_step.option.place is PrefillPlace.LOCAL
+    idle = place_adaptive(3000, 1, [decode(), prefill(pending=4000)], costs(itl_slo=10.0))
+    assert idle.option.place is PrefillPlace.LOCAL  # an idle decode worker stalls no stream
+
+
 def test_the_least_loaded_decode_worker_takes_a_local_prompt() -> None:
     workers = [decode(running=8, name="d0"), decode(running=1, name="d1")]
     choice = place_adaptive(100, 1, workers, costs())
