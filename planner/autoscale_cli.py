@@ -224,5 +224,18 @@ def _print(
             "decode": round(decision.correction.decode, 3),
         },
         "departures": [dataclasses.asdict(departure) for departure in departures],
+        "seen": seen_record(seen),
     }
     print(json.dumps(row), flush=True)
+
+
+def seen_record(seen: Observation) -> dict[str, object]:
+    """What the decision was sized from, less the step windows (the correction above sums
+    them): with it a decision can be simulated again, e.g. to find why it wanted what it did."""
+    return {
+        "seconds": round(seen.seconds, 3),
+        "arrivals": seen.arrivals,
+        "prompt_tokens": dataclasses.asdict(seen.prompt_tokens),
+        "output_tokens": dataclasses.asdict(seen.output_tokens),
+        "pending_prompt_tokens": seen.pending_prompt_tokens,
+    }

@@ -5,6 +5,7 @@ the workers' measured steps correct the profile per tier."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 
@@ -25,6 +26,7 @@ from pdserve.planner.autoscale import (
     poisson_upper,
     trace,
 )
+from pdserve.planner.autoscale_cli import seen_record
 from pdserve.planner.plan import Candidate, PerRequestSlo, Slo, evaluate
 from pdserve.planner.sim_cluster import Deployment
 from pdserve.planner.workload import TraceRequest
@@ -54,6 +56,24 @@ def test_lengths_are_drawn_inside_their_buckets() -> None:
     lengths = [histogram.draw(rng) for _ in range(400)]
     assert all(33 <= n <= 64 or 513 <= n <= 1024 for n in lengths)
     assert 150 < sum(n <= 64 for n in lengths) < 250  # the two buckets weigh the same
+
+
+def test_a_decision_line_carries_what_it_was_sized_from() -> None:
+    seen = dataclasses.replace(_chat(rate=0.5, in_flight=3), pending_prompt_tokens=300.0)
+    line = json.loads(json.dumps(seen_record(seen)))
+
+    def histogram(raw: dict[str, list[float]]) -> LengthHistogram:
+        return LengthHistogram(tuple(raw["bounds"]), tuple(raw["counts"]))
+
+    again = Observation(
+        line["seconds"],
+        line["arrivals"],
+        histogram(line["prompt_tokens"]),
+        histogram(line["output_tokens"]),
+        in_flight=3,
+        pending_prompt_tokens=line["pending_prompt_tokens"],
+    )
+    assert trace(again, Policy()) == trace(seen, Policy())
 
 
 def test_the_trace_is_the_observed_rate_with_headroom() -> None:
