@@ -40,16 +40,22 @@ def profile_key(model_dir: Path, dtype: str, matmul: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def host_profile(
     model_dir: Path,
     dtype: str,
     matmul: str,
     cache_dir: Path = PROFILE_CACHE,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = _to_stderr,
     measure: Callable[[Path, str, Path], None] | None = None,
 ) -> Path:
     """This host's profile of the model at `dtype`: the cached one, or one measured now (by
-    `measure(model_dir, dtype, out)`, default `pdserve profile` in a child process)."""
+    `measure(model_dir, dtype, out)`, default `pdserve profile` in a child process); what it
+    does goes to `progress` (default: stderr, so that a caller's stdout, e.g. `--json`, stays
+    its own)."""
     path = cache_dir / f"{model_dir.name}-{dtype}-{profile_key(model_dir, dtype, matmul)}.json"
     if path.is_file():
         progress(f"profile: this host's, measured before ({path})")
