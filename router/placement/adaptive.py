@@ -136,7 +136,7 @@ def place_adaptive(
 ) -> AdaptiveChoice:
     """The cheapest option for a prompt of `prompt_tokens` tokens expected to generate
     `output_tokens` (module docstring)."""
-    workers = _priced_by_peers(workers)
+    workers = _priced_by_peers(_prompts_are_not_streams(workers))
     options = _local_options(prompt_tokens, workers, costs)
     remote = _remote_options(prompt_tokens, workers, costs)
     options = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in options]
@@ -181,6 +181,19 @@ def _lending_only_when_needed(options: list[Option], costs: StepCosts) -> list[O
     if slo is None or not any(option.step_s <= slo for option in own):
         return options
     return own
+
+
+def _prompts_are_not_streams(workers: Sequence[WorkerState]) -> list[WorkerState]:
+    """A worker in the prefill role runs no streams: the running requests its Load reports are
+    the prompts it is prefilling, whose tokens its queue (`pending_prompt_tokens`) already
+    counts. Read as streams, a prefill worker busy with one prompt looked like a worker with a
+    stream to stall: every remote option was priced with a stall, and no option was free of
+    streams, so long prompts went to decode beside its streams (docs/disaggregation.md, the
+    default mix at commit 1603765)."""
+    return [
+        dataclasses.replace(w, running=0, context_tokens=0) if w.role is WorkerRole.PREFILL else w
+        for w in workers
+    ]
 
 
 def _priced_by_peers(workers: Sequence[WorkerState]) -> list[WorkerState]:

@@ -124,6 +124,16 @@ def test_under_an_itl_slo_a_long_prompt_is_prefilled_where_no_stream_waits() -> 
     assert idle.option.place is PrefillPlace.LOCAL  # an idle decode worker stalls no stream
 
 
+def test_a_prefill_worker_prefilling_a_prompt_has_no_stream_to_stall() -> None:
+    """Its Load counts the prompt it is prefilling as running (1 request, 500 tokens computed,
+    1,500 to go): that is no stream. A long prompt beside decode's stream goes to it, priced
+    with no stall, under an ITL SLO."""
+    busy = WorkerState("p", PREFILL, PREFILL, 1, 500, 1, 1500)
+    choice = place_adaptive(3000, 1, [decode(running=1), busy], costs(itl_slo=10.0))
+    assert choice.option.place is PrefillPlace.REMOTE
+    assert choice.option.stall_s == 0.0
+
+
 def test_the_least_loaded_decode_worker_takes_a_local_prompt() -> None:
     workers = [decode(running=8, name="d0"), decode(running=1, name="d1")]
     choice = place_adaptive(100, 1, workers, costs())
