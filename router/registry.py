@@ -308,6 +308,8 @@ class WorkerPool(Generic[StubT]):
 
     async def close(self) -> None:
         for worker in list(self.workers.values()):
+            # Its gauges live on the process's registry: a closed pool reports no worker.
+            step_gauges.forget(self.tier.value, worker.address)
             await worker.channel.close()
         self.workers.clear()
         await asyncio.gather(*self._closing, return_exceptions=True)
