@@ -45,7 +45,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdserve.bench.admission.tenants import Flood, scenarios, send_tenants, tenant_loads
 from pdserve.bench.disagg.arms import ARMS, running_arm
 from pdserve.bench.disagg.attainment import RequestOutcome, outcomes
-from pdserve.bench.disagg.cli import WARMUP_PER_WORKER, BenchSettings, Point, plan_points, send_plan
+from pdserve.bench.disagg.cli import WARMUP_PER_WORKER, BenchSettings, Point, plan_points
+from pdserve.bench.disagg.send import send_plan
 from pdserve.bench.disagg.workload import (
     PlannedRequest,
     RequestClass,

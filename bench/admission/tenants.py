@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from pdserve.bench.disagg.cli import Point, hash_seed, plan_load
+from pdserve.bench.disagg.cli import Point, hash_seed
+from pdserve.bench.disagg.send import plan_load
 from pdserve.bench.disagg.workload import PlannedRequest, RequestClass, plan_requests, point_seed
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.driver import drive

@@ -49,7 +49,7 @@ from pdserve.bench.autoscale.deployment import (
 )
 from pdserve.bench.autoscale.trace import Phase, load_trace, tightest_ttft_slo
 from pdserve.bench.disagg.attainment import outcomes, record
-from pdserve.bench.disagg.cli import plan_load, send_plan
+from pdserve.bench.disagg.send import plan_load, send_plan
 from pdserve.bench.disagg.workload import PlannedRequest, plan_requests, point_seed
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.driver import drive

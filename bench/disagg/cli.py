@@ -26,7 +26,6 @@ the goodput rate, and TTFT / ITL / TPOT percentiles.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import sys
@@ -38,6 +37,7 @@ from pdserve.bench.disagg import counters
 from pdserve.bench.disagg.arms import ARMS, Arm, ArmSettings, running_arm
 from pdserve.bench.disagg.attainment import goodput_rate, outcomes, record
 from pdserve.bench.disagg.report import ArmResult, Repeat, plot_results, print_header
+from pdserve.bench.disagg.send import send_plan
 from pdserve.bench.disagg.workload import (
     PlannedRequest,
     RequestClass,
@@ -46,10 +46,6 @@ from pdserve.bench.disagg.workload import (
     point_seed,
 )
 from pdserve.costmodel.host_profile import host_profile
-from pdserve.loadtest.calls import CallResult
-from pdserve.loadtest.config import LoadConfig, Method
-from pdserve.loadtest.driver import drive
-from pdserve.loadtest.schedule import LoadSchedule
 from pdserve.local.cluster import Cluster
 
 WARMUP_PER_WORKER = 3  # requests per worker before the first point: endpoints, pages, allocator
@@ -356,52 +352,6 @@ def _run_point(
         ]
         (log_dir / f"requests-{point.rate:g}.jsonl").write_text("".join(lines))
     return Repeat(tuple(served), counted)
-
-
-def send_plan(
-    host: str,
-    plan: tuple[PlannedRequest, ...],
-    rate: float | None,
-    schedule_seed: int,
-    with_slo: bool = False,
-    metadata: tuple[tuple[str, str], ...] = (),
-    id_prefix: str | None = None,
-) -> tuple[CallResult, ...]:
-    """Streams every planned request through the router at Poisson arrivals (or all at once)
-    and waits for the last to finish; `with_slo`: each carries its class's TTFT SLO as its own
-    (`GenerateRequest.slo`, what the router's admission judges); `metadata` goes with every
-    call (e.g. a tenant header); `id_prefix`: request i carries `request_id` prefix + i."""
-    config = plan_load(host, plan, rate, schedule_seed, with_slo, metadata, id_prefix)
-    return asyncio.run(drive(config)).results
-
-
-def plan_load(
-    host: str,
-    plan: tuple[PlannedRequest, ...],
-    rate: float | None,
-    schedule_seed: int,
-    with_slo: bool = False,
-    metadata: tuple[tuple[str, str], ...] = (),
-    id_prefix: str | None = None,
-) -> LoadConfig:
-    """The load runner's config for `send_plan` (several run together in one event loop by
-    gathering `drive` of each)."""
-    return LoadConfig(
-        method=Method.GENERATE_STREAM,
-        host=host,
-        data=tuple(
-            request.call_data(with_slo, None if id_prefix is None else f"{id_prefix}{i}")
-            for i, request in enumerate(plan)
-        ),
-        total=len(plan),
-        concurrency=len(plan),  # open loop: no worker is ever the bottleneck
-        rps=rate or 0.0,
-        load_schedule=LoadSchedule.POISSON,
-        schedule_seed=schedule_seed,
-        timeout_s=900.0,
-        insecure=True,
-        metadata=metadata,
-    )
 
 
 def _slo_text(classes: tuple[RequestClass, ...], settings: BenchSettings) -> str:

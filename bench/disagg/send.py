@@ -1,0 +1,58 @@
+"""Sending a bench's planned requests through a router: Poisson arrivals, streamed, open loop
+(the load runner, loadtest/driver.py). Shared by bench disagg, admission and autoscale."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pdserve.bench.disagg.workload import PlannedRequest
+from pdserve.loadtest.calls import CallResult
+from pdserve.loadtest.config import LoadConfig, Method
+from pdserve.loadtest.driver import drive
+from pdserve.loadtest.schedule import LoadSchedule
+
+
+def send_plan(
+    host: str,
+    plan: tuple[PlannedRequest, ...],
+    rate: float | None,
+    schedule_seed: int,
+    with_slo: bool = False,
+    metadata: tuple[tuple[str, str], ...] = (),
+    id_prefix: str | None = None,
+) -> tuple[CallResult, ...]:
+    """Streams every planned request through the router at Poisson arrivals (or all at once)
+    and waits for the last to finish; `with_slo`: each carries its class's TTFT SLO as its own
+    (`GenerateRequest.slo`, what the router's admission judges); `metadata` goes with every
+    call (e.g. a tenant header); `id_prefix`: request i carries `request_id` prefix + i."""
+    config = plan_load(host, plan, rate, schedule_seed, with_slo, metadata, id_prefix)
+    return asyncio.run(drive(config)).results
+
+
+def plan_load(
+    host: str,
+    plan: tuple[PlannedRequest, ...],
+    rate: float | None,
+    schedule_seed: int,
+    with_slo: bool = False,
+    metadata: tuple[tuple[str, str], ...] = (),
+    id_prefix: str | None = None,
+) -> LoadConfig:
+    """The load runner's config for `send_plan` (several run together in one event loop by
+    gathering `drive` of each)."""
+    return LoadConfig(
+        method=Method.GENERATE_STREAM,
+        host=host,
+        data=tuple(
+            request.call_data(with_slo, None if id_prefix is None else f"{id_prefix}{i}")
+            for i, request in enumerate(plan)
+        ),
+        total=len(plan),
+        concurrency=len(plan),  # open loop: no worker is ever the bottleneck
+        rps=rate or 0.0,
+        load_schedule=LoadSchedule.POISSON,
+        schedule_seed=schedule_seed,
+        timeout_s=900.0,
+        insecure=True,
+        metadata=metadata,
+    )
