@@ -138,8 +138,11 @@ def _has_prompts(process: Process) -> bool:
 
 
 def _has_reservations(process: Process) -> bool:
-    """Two or more waiting for their KV (decode counts reservations as waiting)."""
-    return load(process).num_waiting >= 2
+    """Four or more waiting for their KV (decode counts reservations as waiting). The prefill
+    queue is first come, first served: with two, both could be its first prompts, whose KV had
+    begun to leave by the router's next Load poll (0 redirects, seen in CI); the fourth waits
+    behind at least three prompts, more than a poll's time of prefill steps."""
+    return load(process).num_waiting >= 4
 
 
 # One prompt at a time on the prefill worker, 32 tokens a step: a queue of seconds.
