@@ -46,9 +46,17 @@ class SchedulerOutput:
 class StepPlan:
     """The plan being built for one step."""
 
-    def __init__(self, budget: int, prefill_limit: PrefillLimit | None = None) -> None:
+    def __init__(
+        self,
+        budget: int,
+        prefill_limit: PrefillLimit | None = None,
+        joining: frozenset[str] = frozenset(),
+    ) -> None:
         self.budget = budget
         self.prefill_limit = prefill_limit
+        # Queued requests one token behind (their KV here) that join this step: prompt chunks
+        # leave a token of the budget for each (Scheduler._decodes_joining).
+        self.joining = joining
         self.scheduled: dict[str, int] = {}
         self.swap_out: list[tuple[int, int]] = []
         self.swap_in: list[tuple[int, int]] = []
@@ -63,7 +71,11 @@ class StepPlan:
         """New tokens for `request` this step: what it lacks, within the token budget and, for
         a prompt chunk, the prefill limit (0: no room left this step)."""
         wanted = min(request.target_tokens - request.num_computed_tokens, self.budget)
-        if self.prefill_limit is None or wanted <= 1:
+        if wanted <= 1:
+            return wanted
+        held = len(self.joining - self.scheduled.keys() - {request.request_id})
+        wanted = max(min(wanted, self.budget - held), 0)
+        if self.prefill_limit is None or wanted == 0:
             return wanted
         return self.prefill_limit.grant(request.num_computed_tokens, wanted)
 

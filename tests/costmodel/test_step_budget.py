@@ -187,3 +187,40 @@ def test_a_large_limit_lends_only_the_slack_of_the_tokens_forecast() -> None:
     forecast = WorkerStepBudget(costs, clock, lengths=lengths).for_step(streams).grant(0, 2048)
     assert unlimited == 2048  # the limit's slack: the whole token budget
     assert forecast in (359, 360)
+
+
+def _landed(request_id: str, prompt_tokens: int, order: int, scheduler: Scheduler) -> Request:
+    """A request whose prompt KV arrived from the prefill tier, with prefill's first token: it
+    joins the waiting queue one token behind, as decode_service/engine.py admits it. Its tokens
+    are no other prompt's prefix (no cached blocks shared)."""
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    request = Request(request_id, list(range(1000, 1000 + prompt_tokens)), params, order, 0.0)
+    assert scheduler.kv_manager.allocate_prompt(request)
+    scheduler.record_computed(request, request.num_tokens - request.num_computed_tokens)
+    request.output_token_ids.append(1)
+    scheduler.add(request)
+    return request
+
+
+def test_a_stream_whose_kv_landed_joins_beside_a_prompt_chunking_alone() -> None:
+    """A 200-token prompt chunks alone in 64-token steps; a stream whose KV lands meanwhile
+    decodes at the next step (the chunk leaves it a token), not after the whole prompt."""
+    scheduler = Scheduler(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=64))
+    long = _request("long", 200, 0)
+    scheduler.add(long)
+    first = scheduler.schedule()
+    assert first.num_scheduled_tokens == {"long": 64}
+    scheduler.record_computed(long, 64)
+    _landed("chat", 20, 1, scheduler)
+    assert scheduler.schedule().num_scheduled_tokens == {"long": 63, "chat": 1}
+
+
+def test_a_landed_stream_counts_as_a_decode_under_the_itl_slo() -> None:
+    """Under a 0.1 s SLO a prompt alone takes the whole token budget; with a stream joining
+    (0.055 s of the step) the chunk is capped to the 45 tokens the SLO leaves."""
+    scheduler = Scheduler(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=512))
+    scheduler.step_budget = WorkerStepBudget(StepCosts(PROFILE, 512, itl_slo_s=0.1))
+    scheduler.add(_request("long", 200, 0))
+    _landed("chat", 20, 1, scheduler)
+    output = scheduler.schedule()
+    assert output.num_scheduled_tokens == {"long": 45, "chat": 1}
