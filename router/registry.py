@@ -1,23 +1,18 @@
 """The workers of each tier: one grpc.aio channel each, their health and their last load.
 
 A worker enters from the flags or a DNS answer and answers `Load` every
---load-poll-interval-seconds; one that fails a poll is unhealthy (not picked) until it answers
-again, except that a worker unhealthy only for answering late (busy, not dead) is still picked
-when no healthy one is left. A worker from which nothing has come (no Load answer in time, no
-stream delta) for as long as keepalive gives a vanished peer (--keepalive-seconds +
---keepalive-timeout-seconds) is given up: its streams fail over (`on_lost`). Keepalive alone does
-not always find such a worker: a pod cut off under load once held its streams for over a minute
-(gRPC core can queue its pings behind writes that never leave; grpc/grpc issue 14717). A worker
-that leaves the DNS answer, or whose Load says it drains, is no longer picked (`leaving`); its
-channel is closed once its in-flight calls have ended, so a scale-down never cuts a running
-request.
+--load-poll-interval-seconds; what an answer, or its absence, says of its health is
+router/worker_health.py's: an unhealthy worker is not picked until it answers again (except that
+one unhealthy only for answering late, busy not dead, is still picked when no healthy one is
+left), and one given up as lost has its streams failed over (`on_lost`). A worker that leaves the
+DNS answer, or whose Load says it drains, is no longer picked (`leaving`); its channel is closed
+once its in-flight calls have ended, so a scale-down never cuts a running request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Generic
 
@@ -37,16 +32,14 @@ from pdserve.router.placement.worker_choice import (
 )
 from pdserve.router.targets import DnsTargets, Resolver, StaticTargets, parse_targets, resolve_dns
 from pdserve.router.worker import StubT, Worker
-from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from pdserve.router.worker_health import HealthLimits, poll_health
+from pdserve.v1 import decode_pb2_grpc, prefill_pb2_grpc
 
 if TYPE_CHECKING:
     from pdserve.v1.decode_pb2_grpc import DecodeAsyncStub
     from pdserve.v1.prefill_pb2_grpc import PrefillAsyncStub
 
 log = logging.getLogger(__name__)
-
-
-FAILED_POLLS_TO_UNHEALTHY = 3  # Load timeouts in a row before a worker is skipped
 
 
 class NoHealthyWorkerError(RuntimeError):
@@ -69,10 +62,8 @@ class WorkerPool(Generic[StubT]):
         self.tier = tier
         self.workers: dict[str, Worker[StubT]] = {}
         self._make_stub = make_stub
-        self._load_timeout = config.load_timeout_seconds
+        self._health_limits = HealthLimits.of(config)
         self._costs = config.costs  # its per-worker corrections are exported as gauges
-        self._stall_limit = config.engine_stall_seconds
-        self._silence_limit = config.keepalive.time_seconds + config.keepalive.timeout_seconds
         # Called once when a worker is given up, its engine wedged or its Load silent (the
         # dispatcher fails its streams over); None: nothing to fail.
         self.on_lost: Callable[[Worker[StubT]], None] | None = None
@@ -216,80 +207,17 @@ class WorkerPool(Generic[StubT]):
         self._update_gauges()
 
     async def _poll_one(self, worker: Worker[StubT]) -> None:
-        try:
-            report = await worker.stub.Load(common_pb2.LoadRequest(), timeout=self._load_timeout)
-        except asyncio.CancelledError:
-            if _this_task_is_cancelled():
-                raise
-            return  # the worker left and its channel closed under the call: nothing to learn
-        except grpc.aio.AioRpcError as error:
-            worker.failed_polls += 1
-            # A refused connection is a dead (or not yet started) process: out at once. A slow
-            # answer may be a busy one (a long engine step holds its event loop): out only
-            # after several in a row, or one loaded moment would fail every request.
-            dead = error.code() == grpc.StatusCode.UNAVAILABLE
-            if worker.healthy and (dead or worker.failed_polls >= FAILED_POLLS_TO_UNHEALTHY):
-                log.warning("%s worker %s unhealthy: %s", self.tier.value, worker.address, error)
-                worker.healthy = False
-            worker.slow = not dead and not worker.healthy and not worker.given_up
-            self._give_up_if_silent(worker)
+        outcome = await poll_health(worker, self.tier, self._health_limits)
+        if outcome.lost and self.on_lost is not None:
+            self.on_lost(worker)
+        report = outcome.report
+        if report is None:
             return
-        worker.heard_from()
-        worker.given_up = False
-        _note_draining(worker, report)
-        if self._stalled(worker, report):
-            return
-        if not worker.healthy:
-            log.info("%s worker %s healthy", self.tier.value, worker.address)
-        worker.report, worker.healthy, worker.dispatched_since_poll = report, True, 0
+        worker.report, worker.dispatched_since_poll = report, 0
+        worker.sent_prompts = worker.sent_prompt_tokens = 0
         if self.prefix_map is not None:
             self.prefix_map.set_capacity(worker.address, report.num_cacheable_blocks)
-        worker.sent_prompts = worker.sent_prompt_tokens = 0
-        worker.slow = False
-        worker.failed_polls = 0
         step_gauges.export(self._costs, self.tier.value, worker.address, report)
-
-    def _stalled(self, worker: Worker[StubT], report: common_pb2.LoadResponse) -> bool:
-        """A worker whose engine has been on one step for --engine-stall-seconds answers Load
-        (its gRPC server runs apart) but moves none of its streams: unhealthy until a report
-        shows it stepping again; the first such report fails its streams over."""
-        limit = self._stall_limit
-        if not (limit and report.step_running_seconds > limit):
-            return False
-        if worker.healthy or worker.slow:
-            log.warning(
-                "%s worker %s wedged: one engine step running for %.0f s; failing its streams over",
-                self.tier.value,
-                worker.address,
-                report.step_running_seconds,
-            )
-            self._lose(worker)
-        worker.healthy, worker.slow = False, False
-        self._update_gauges()
-        return True
-
-    def _give_up_if_silent(self, worker: Worker[StubT]) -> None:
-        """A worker that answered once and then nothing for the keepalive window is lost, as
-        keepalive would have found it: once, until it answers again."""
-        answered = worker.answered_at
-        if worker.given_up or answered is None:
-            return
-        silent = time.monotonic() - answered
-        if silent > self._silence_limit:
-            log.warning(
-                "%s worker %s silent for %.1f s (no Load answer): failing its streams over",
-                self.tier.value,
-                worker.address,
-                silent,
-            )
-            worker.given_up = True
-            worker.healthy, worker.slow = False, False
-            worker.leaving.set()  # prompts queued for it go elsewhere (remote_prefill.py)
-            self._lose(worker)
-
-    def _lose(self, worker: Worker[StubT]) -> None:
-        if self.on_lost is not None:
-            self.on_lost(worker)
 
     def _close_if_idle(self, worker: Worker[StubT]) -> None:
         if worker.removed and worker.in_flight == 0 and self.workers.get(worker.address) is worker:
@@ -313,14 +241,6 @@ class WorkerPool(Generic[StubT]):
             await worker.channel.close()
         self.workers.clear()
         await asyncio.gather(*self._closing, return_exceptions=True)
-
-
-def _note_draining(worker: Worker[StubT], report: common_pb2.LoadResponse) -> None:
-    if report.draining and not worker.leaving.is_set():
-        log.info("worker %s drains", worker.address)
-        worker.leaving.set()
-    elif not report.draining and not worker.removed:
-        worker.leaving.clear()
 
 
 def _prefill_stub(channel: grpc.aio.Channel) -> PrefillAsyncStub:
@@ -400,13 +320,6 @@ class Registry:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.prefill.close()
         await self.decode.close()
-
-
-def _this_task_is_cancelled() -> bool:
-    """Whether the running task itself is being cancelled: grpc also raises CancelledError in a
-    call whose channel was closed, which must not end the task awaiting it (the poll loop)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 async def _every(interval: float, action: Callable[[], Awaitable[None]]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pdserve.router.config import RouterConfig
-from pdserve.router.registry import FAILED_POLLS_TO_UNHEALTHY, NoHealthyWorkerError, Registry
+from pdserve.router.registry import NoHealthyWorkerError, Registry
 from pdserve.router.targets import (
     DnsTargets,
     StaticTargets,
@@ -18,6 +18,7 @@ from pdserve.router.targets import (
     parse_targets,
     resolve_dns,
 )
+from pdserve.router.worker_health import FAILED_POLLS_TO_UNHEALTHY
 from pdserve.testing.fake_tiers import fake_tiers
 
 from .conftest import eventually
