@@ -42,6 +42,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                     work.resumed_output_token_ids,
                 ),
                 undo=abort,
+                prompt_tokens=len(work.prompt_token_ids) + len(work.resumed_output_token_ids),
             )
             outcome = await self.runtime.wait(pending, undo=abort)
             metrics.QUEUE_TIME.observe(outcome.queue_seconds)

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from pdserve.core.engine import LLMEngine
 from pdserve.core.outputs import TokenDelta
@@ -66,6 +66,11 @@ class EngineLoop:
         # Commands not yet run: a drain must wait for them too (a Prefill accepted just before
         # SIGTERM is in no engine queue until its command has run).
         self._queued = 0
+        # Of those, the prompts they add and their tokens to compute: the worker's Load counts
+        # them (`queued_prompts`), or a prompt sent during a long step is in no report until
+        # the step ends, and the router, its own count reset by that report, sees none of it.
+        self._queued_prompts = 0
+        self._queued_prompt_tokens = 0
         self._queued_lock = threading.Lock()
         self._sinks: dict[str, Sink] = {}
         self._groups: dict[str, StepGroup] = {}
@@ -84,27 +89,46 @@ class EngineLoop:
         self._commands.put(lambda: None)  # wakes the loop if it sleeps on the queue
         self._thread.join(timeout=10)
 
-    def call(self, command: Callable[[], T]) -> concurrent.futures.Future[T]:
-        """Runs `command` on the engine thread between steps; its result or error in the future."""
+    def call(
+        self, command: Callable[[], T], prompt_tokens: int = 0
+    ) -> concurrent.futures.Future[T]:
+        """Runs `command` on the engine thread between steps; its result or error in the future.
+        `prompt_tokens`: the prompt tokens it adds for the engine to compute (0: no prompt)."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        prompts = 1 if prompt_tokens else 0
 
         def run() -> None:
+            result: T | None = None
+            error: BaseException | None = None
+            runs = future.set_running_or_notify_cancel()
             try:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(command())
-                    except BaseException as error:  # the caller gets it
-                        future.set_exception(error)
-            finally:
-                self._count_queued(-1)
+                if runs:
+                    result = command()
+            except BaseException as failure:  # the caller gets it
+                error = failure
+            finally:  # counted out before the caller hears: its prompt is in the engine's queue
+                self._count_queued(-1, -prompts, -prompt_tokens)
+            if not runs:
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(cast(T, result))
 
-        self._count_queued(+1)
+        self._count_queued(+1, prompts, prompt_tokens)
         self._commands.put(run)
         return future
 
-    def _count_queued(self, change: int) -> None:
+    def _count_queued(self, commands: int, prompts: int, prompt_tokens: int) -> None:
         with self._queued_lock:
-            self._queued += change
+            self._queued += commands
+            self._queued_prompts += prompts
+            self._queued_prompt_tokens += prompt_tokens
+
+    def queued_prompts(self) -> tuple[int, int]:
+        """Prompts in commands not yet run, and their tokens (read from any thread)."""
+        with self._queued_lock:
+            return self._queued_prompts, self._queued_prompt_tokens
 
     def subscribe(self, request_id: str, sink: Sink) -> None:
         """Routes the request's deltas to `sink` (call from the engine thread, e.g. in `call`)."""

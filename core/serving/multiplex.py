@@ -147,7 +147,7 @@ class MultiplexStream:
             return
         self.runs[request_id] = self._new_run(starting.usage, starting.movable)
         if starting.structured is None:
-            self._start_on_engine(request_id, starting.start)
+            self._start_on_engine(request_id, starting)
             return
         # Compiled off the engine thread, and off this reader: the stream's other commands go
         # on while a grammar compiles.
@@ -163,11 +163,12 @@ class MultiplexStream:
                 self.outbox.put_nowait([(request_id, error)])
             return
         if request_id in self.runs:  # not cancelled meanwhile
-            self._start_on_engine(request_id, starting.start)
+            self._start_on_engine(request_id, starting)
 
-    def _start_on_engine(self, request_id: str, start: Callable[[], None]) -> None:
+    def _start_on_engine(self, request_id: str, starting: RequestStart) -> None:
         loop = self.runtime.engine_loop()
         group = self.group
+        start = starting.start
 
         def start_and_join() -> None:
             # Joined only once the engine accepted it (engine thread, no step in between): a
@@ -180,7 +181,7 @@ class MultiplexStream:
                 return
             loop.join(request_id, group)
 
-        loop.call(start_and_join)
+        loop.call(start_and_join, starting.prompt_tokens)
 
     def _new_run(self, usage: common_pb2.Usage, movable: bool) -> _Run:
         now = time.monotonic()

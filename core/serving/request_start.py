@@ -32,6 +32,9 @@ class RequestStart:
     # Its structured constraint, to compile (TierRuntime.compile_grammar) before `start`; None
     # where there is none or it was compiled earlier (a reservation's).
     structured: StructuredOutputsParams | None = None
+    # The tokens `start` gives the engine to compute: a local prompt's (and a migration's
+    # resumed output); 0 for a transferred request, whose KV arrived.
+    prompt_tokens: int = 0
 
 
 StartTransferred: TypeAlias = Callable[[TierRuntime, decode_pb2.DecodeRequest], RequestStart]
@@ -59,6 +62,7 @@ def local_start(runtime: TierRuntime, request: decode_pb2.GenerateLocalRequest) 
         start,
         movable=engine.streams_move_on_drain,
         structured=work.params.structured_outputs,
+        prompt_tokens=len(work.prompt_token_ids) + len(work.resumed_output_token_ids),
     )
 
 

@@ -72,7 +72,7 @@ class StreamServicer(decode_pb2_grpc.DecodeServicer):
         last = started
         streamed = 0
         usage = starting.usage
-        async for delta in self.runtime.stream(request_id, starting.start):
+        async for delta in self.runtime.stream(request_id, starting.start, starting.prompt_tokens):
             now = time.monotonic()
             histogram = metrics.INTER_TOKEN_LATENCY if streamed else metrics.TIME_TO_FIRST_TOKEN
             histogram.observe(now - last)

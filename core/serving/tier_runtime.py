@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import dataclasses
 import faulthandler
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -64,8 +65,15 @@ class TierRuntime:
     def load_reply(self) -> common_pb2.LoadResponse:
         """This worker's `Load` answer (both tiers answer the same way)."""
         loop = self.engine_loop()
+        prompts, prompt_tokens = loop.queued_prompts()
+        load = loop.engine.load()
+        accepted = dataclasses.replace(
+            load,
+            num_waiting=load.num_waiting + prompts,
+            num_pending_prompt_tokens=load.num_pending_prompt_tokens + prompt_tokens,
+        )
         return load_to_proto(
-            loop.engine.load(),
+            accepted,
             loop.steps.windows,
             loop.step_running_seconds(),
             self.host.draining,
@@ -75,13 +83,19 @@ class TierRuntime:
         loop = self.loop
         return loop is None or not loop.busy()
 
-    async def call(self, command: Callable[[], T], undo: Callable[[], None] | None = None) -> T:
-        """Runs `command` on the engine thread and awaits its result.
+    async def call(
+        self,
+        command: Callable[[], T],
+        undo: Callable[[], None] | None = None,
+        prompt_tokens: int = 0,
+    ) -> T:
+        """Runs `command` on the engine thread and awaits its result (`prompt_tokens`: of the
+        prompt it adds, counted in Load until it runs).
 
         The command runs even if this caller is cancelled meanwhile (a cancelled or expired RPC
         must not skip an abort, nor leave half-made state behind): `undo`, if given, is then
         queued after it, on the same thread, so it sees what the command made."""
-        return await self.wait(self.engine_loop().call(command), undo)
+        return await self.wait(self.engine_loop().call(command, prompt_tokens), undo)
 
     async def wait(
         self, future: concurrent.futures.Future[T], undo: Callable[[], None] | None
@@ -107,8 +121,11 @@ class TierRuntime:
         if self.loop is not None:
             self.loop.call(abort)
 
-    async def stream(self, request_id: str, start: Callable[[], None]) -> AsyncIterator[TokenDelta]:
-        """Runs `start` on the engine thread, then yields the request's deltas until it finishes.
+    async def stream(
+        self, request_id: str, start: Callable[[], None], prompt_tokens: int = 0
+    ) -> AsyncIterator[TokenDelta]:
+        """Runs `start` on the engine thread, then yields the request's deltas until it finishes
+        (`prompt_tokens`: of the prompt `start` adds, as for `call`).
 
         Raises the error the engine reports for the request. If the caller stops early
         (cancellation, deadline), the request is aborted on the engine."""
@@ -125,7 +142,11 @@ class TierRuntime:
             start()
             loop.subscribe(request_id, sink)
 
-        await self.call(start_and_subscribe, undo=lambda: abort_and_unsubscribe(loop, request_id))
+        await self.call(
+            start_and_subscribe,
+            undo=lambda: abort_and_unsubscribe(loop, request_id),
+            prompt_tokens=prompt_tokens,
+        )
         finished = False
         try:
             while not finished:

@@ -1,5 +1,6 @@
 """The engine loop times its steps (a stub engine, no model): Load's `step_running_seconds` grows
-while a step runs and is 0 between steps; a finished step is recorded by what it ran."""
+while a step runs and is 0 between steps; a finished step is recorded by what it ran. A prompt
+sent during a step counts as queued until its command has run."""
 
 from __future__ import annotations
 
@@ -54,5 +55,23 @@ def test_a_running_step_is_timed_and_a_finished_one_recorded() -> None:
             StepShape.decodes(2, 40),
         )
         assert window.seconds >= 0.2
+    finally:
+        loop.stop()
+
+
+def test_a_prompt_sent_during_a_step_counts_until_its_command_runs() -> None:
+    """A Prefill accepted while a long step runs is in no engine queue until the step ends: the
+    loop counts it (Load adds it), then, once its command ran, no more."""
+    engine = OneSlowStep()
+    loop = EngineLoop(cast(LLMEngine, engine))
+    loop.start()
+    try:
+        assert engine.stepping.wait(timeout=5)
+        added = loop.call(lambda: "added", prompt_tokens=700)
+        no_prompt = loop.call(lambda: "aborted")
+        assert loop.queued_prompts() == (1, 700)
+        engine.release.set()
+        assert added.result(timeout=5) == "added" and no_prompt.result(timeout=5) == "aborted"
+        assert loop.queued_prompts() == (0, 0)
     finally:
         loop.stop()
