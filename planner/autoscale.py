@@ -6,9 +6,10 @@ The prediction is `pdserve plan`'s own (planner/plan.py `deployments` and `evalu
 simulator with the router's placement rule), restricted to what a running cluster can change:
 its pod counts. The engine settings and the placement rule stay the cluster's, and a cluster
 started with a prefill tier keeps one (one started colocated stays so), as `pdserve scale`
-allows. The load is the workers' backlog (their prompt tokens still to compute, as prompts
-waiting at the start) and then a Poisson trace at the observed arrival rate times (1 + headroom),
-its prompt and output lengths drawn from the interval's histograms (the router's
+allows. The load is the streams in flight (decoding from the start, unscored:
+`streams_in_flight`), the workers' backlog (their prompt tokens still to compute, as prompts
+waiting at the start) and then a Poisson trace at the observed arrival rate times
+(1 + headroom), its prompt and output lengths drawn from the interval's histograms (the router's
 `pdserve_router_admitted_prompt_tokens` and `pdserve_router_output_tokens`), seeded, so the same
 observation gives the same answer.
 
@@ -214,6 +215,24 @@ def trace(
     return requests
 
 
+def streams_in_flight(observation: Observation, policy: Policy) -> list[TraceRequest]:
+    """The streams running at the window's end, for the simulation to start with (decoding on
+    the decode tier, unscored): lengths drawn from the window's histograms, each stream met at a
+    uniformly drawn point of its output (its context the prompt and the tokens so far). Without
+    them a window was sized as if every stream had ended: 10 streams in flight at half-core
+    pods were only in the floor (decode slots), not in the steps' time."""
+    if not observation.prompt_tokens.total or not observation.output_tokens.total:
+        return []
+    rng = random.Random(policy.seed + 1)  # apart from the arrivals' draws (`trace`)
+    streams = []
+    for _ in range(observation.in_flight):
+        prompt = observation.prompt_tokens.draw(rng)
+        output = observation.output_tokens.draw(rng)
+        left = rng.randint(1, output)
+        streams.append(TraceRequest(0.0, prompt + output - left, left))
+    return streams
+
+
 def _backlog(observation: Observation, rng: random.Random) -> list[TraceRequest]:
     """The pending prompt tokens as prompts of the observed lengths, all waiting at 0."""
     requests, left = [], round(observation.pending_prompt_tokens)
@@ -268,11 +287,12 @@ class Autoscaler:
         smallest = Shape(0 if self.colocated else 1, 1)
         if not requests:
             return smallest
+        streams = streams_in_flight(observation, self.policy)
         correction = self.correction(observation)
         tried: list[Candidate] = []
         for total in range(smallest.pods, self.policy.max_pods + 1):
             tried = [
-                evaluate(deployment, self.profile, requests, self.slo)
+                evaluate(deployment, self.profile, requests, self.slo, streams=streams)
                 for deployment in self._deployments(total, requests, correction)
             ]
             meeting = [candidate for candidate in tried if candidate.meets]

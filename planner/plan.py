@@ -21,7 +21,7 @@ every request.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from pdserve.core.config import EngineConfig
@@ -156,8 +156,11 @@ def evaluate(
     requests: list[TraceRequest],
     slo: Slo,
     max_refused: float = 0.0,
+    streams: Sequence[TraceRequest] = (),
 ) -> Candidate:
-    result = ClusterSim(deployment, profile).run(requests)
+    """`requests` through `deployment`, scored against `slo`; `streams`: already decoding at 0,
+    unscored (ClusterSim.run)."""
+    result = ClusterSim(deployment, profile).run(requests, streams)
     summary = summarize(result)
     admitted = summary["requests"] - summary["refused"]
     completed = summary["completed"] / max(admitted, 1)

@@ -168,9 +168,16 @@ class ClusterSim:
     def at(self, time: float, action: Callable[[float], None]) -> None:
         heapq.heappush(self._events, (time, next(self._order), action))
 
-    def run(self, requests: Sequence[TraceRequest]) -> SimResult:
+    def run(
+        self, requests: Sequence[TraceRequest], streams: Sequence[TraceRequest] = ()
+    ) -> SimResult:
+        """Runs `requests`. `streams`: requests already decoding at 0 on the decode tier (their
+        `prompt_tokens` the context so far, KV in place; `output_tokens` the tokens still to
+        come), least loaded first: they load the decode workers and are not in the result."""
         ordered = sorted(requests, key=lambda r: r.arrival_s)
         journeys = [Journey.of(index, request) for index, request in enumerate(ordered)]
+        for index, stream in enumerate(streams, start=len(journeys)):
+            self._decoding(Journey.of(index, stream))
         # A request reaches the router's choice after its dispatch latency (the serving costs'
         # share of the way in that no worker's step accounts for).
         dispatch = self.profile.serving.dispatch_s
@@ -189,6 +196,12 @@ class ClusterSim:
             prefix_query_tokens=sum(w.kv_manager.num_prefix_query_tokens for w in workers),
             prefix_hit_tokens=sum(w.kv_manager.num_prefix_hit_tokens for w in workers),
         )
+
+    def _decoding(self, journey: Journey) -> None:
+        """A stream decoding at 0: its KV lands in a reservation on the least loaded decode
+        worker, with no prefill."""
+        decode = self._least_loaded(self.decode)
+        decode.reserve(0.0, journey, lambda at: decode.kv_landed(at, journey))
 
     def _arrive(self, journey: Journey, now: float) -> None:
         if self._refused(journey):

@@ -284,7 +284,7 @@ def test_a_split_that_still_meets_is_kept_rather_than_flipped(
     ttft: dict[Shape, float] = {}
     meets: dict[Shape, bool] = {Shape(1, 1): False}
 
-    def simulated(deployment: Deployment, *_: object) -> Candidate:
+    def simulated(deployment: Deployment, *_: object, **__: object) -> Candidate:
         shape = Shape(deployment.num_prefill, deployment.num_decode)
         fits = meets.get(shape, True)
         return Candidate(deployment, ttft.get(shape, 9.0), 0.1, 1.0, 1.0, 0.0, 0.0, 0.0, fits)
@@ -297,3 +297,24 @@ def test_a_split_that_still_meets_is_kept_rather_than_flipped(
     assert scaler.decide(_chat(1.0), Shape(2, 1)).wanted == Shape(2, 1)  # still meets: kept
     meets[Shape(2, 1)] = False
     assert scaler.decide(_chat(1.0), Shape(2, 1)).wanted == Shape(1, 2)  # no longer meets
+
+
+def test_streams_in_flight_are_drawn_mid_output_and_seeded() -> None:
+    seen = _chat(rate=0.5, in_flight=40)
+    streams = autoscale.streams_in_flight(seen, Policy())
+    assert len(streams) == 40 and streams == autoscale.streams_in_flight(seen, Policy())
+    # Context: a prompt of (32, 128] and the tokens so far; to go: 1 to the whole output.
+    assert all(33 <= s.prompt_tokens <= 128 + 63 and 1 <= s.output_tokens <= 64 for s in streams)
+    assert all(s.arrival_s == 0.0 for s in streams)
+    assert autoscale.streams_in_flight(_chat(rate=0.5), Policy()) == []
+
+
+def test_streams_in_flight_ask_for_decode_beside_the_arrivals(engine: EngineConfig) -> None:
+    """15 streams in flight fit one decode pod's 16 slots (the floor), but their steps slow every
+    new stream: the same arrivals with them want a decode pod more."""
+    scaler = _scaler(engine)
+    prompts, outputs = _histogram(b128=3, b2048=1), _histogram(b256=1)
+    quiet = Observation(30.0, 9.0, prompts, outputs, in_flight=0)
+    busy = dataclasses.replace(quiet, in_flight=15)
+    assert scaler.floor(busy).decode == 1
+    assert scaler.fewest_pods(busy).decode > scaler.fewest_pods(quiet).decode

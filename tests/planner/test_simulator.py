@@ -224,3 +224,17 @@ def _prompt_chunks_beside_a_stream(deployment: Deployment) -> list[int]:
         for output in sim.decode[0].outputs
         if "0" in output.num_scheduled_tokens
     ]
+
+
+def test_streams_in_flight_hold_decode_and_are_not_scored() -> None:
+    """A stream decoding from 0 with 4 tokens to go holds decode's only slot: a request arriving
+    during its first step gets its first token only after the stream's last step (3 steps: its
+    first token comes with its KV, as a remote prompt's does), and only it is in the result."""
+    deployment = Deployment(0, 1, decode_config=EngineConfig(max_num_seqs=1))
+    request = TraceRequest(STEP / 5, 40, 1)
+    profile = fixed_step_profile(STEP)
+    alone = ClusterSim(deployment, profile).run([request])
+    behind = ClusterSim(deployment, profile).run([request], streams=[TraceRequest(0.0, 300, 4)])
+    assert alone.journeys[0].token_times == pytest.approx([STEP / 5 + STEP])
+    assert [journey.index for journey in behind.journeys] == [0]
+    assert behind.journeys[0].token_times == pytest.approx([4 * STEP])
