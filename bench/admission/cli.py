@@ -46,7 +46,7 @@ from pdserve.bench.admission.tenants import Flood, scenarios, send_tenants, tena
 from pdserve.bench.disagg.arms import ARMS, running_arm
 from pdserve.bench.disagg.attainment import RequestOutcome, outcomes
 from pdserve.bench.disagg.cli import WARMUP_PER_WORKER, BenchSettings, Point, plan_points
-from pdserve.bench.disagg.send import send_plan
+from pdserve.bench.disagg.send import plan_load, send_plan
 from pdserve.bench.disagg.workload import (
     PlannedRequest,
     RequestClass,
@@ -231,7 +231,7 @@ def _run_arm(
     with running_arm(
         ARMS["adaptive"], model_dir, settings.arms, log_dir, router, workers
     ) as cluster:
-        send_plan(cluster.router.address, warmup, rate=None, schedule_seed=0)
+        send_plan(plan_load(cluster.router.address, warmup, rate=None, schedule_seed=0))
         sent: list[Sent] = []
         for point in points:
             if load.tenants is None:
@@ -243,7 +243,9 @@ def _run_arm(
 
 def _send_point(router: Process, point: Point, with_slo: bool) -> Sent:
     before = _ratio_buckets(router)
-    results = send_plan(router.address, point.plan, point.rate, point.schedule_seed, with_slo)
+    results = send_plan(
+        plan_load(router.address, point.plan, point.rate, point.schedule_seed, with_slo)
+    )
     error = _median_error(before, _ratio_buckets(router))
     return Sent(point.rate, point.plan, results, error)
 

@@ -181,7 +181,7 @@ def _run_arm(
     autoscaler: Autoscaler | None = None
     try:
         router = up.wait_ready()
-        send_plan(router, warmup, rate=None, schedule_seed=0)
+        send_plan(plan_load(router, warmup, rate=None, schedule_seed=0))
         if arm == AUTOSCALE:
             autoscaler = Autoscaler(router, _autoscale_flags(args, profile, phases))
         sampler = Sampler(router)

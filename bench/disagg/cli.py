@@ -37,7 +37,7 @@ from pdserve.bench.disagg import counters
 from pdserve.bench.disagg.arms import ARMS, Arm, ArmSettings, running_arm
 from pdserve.bench.disagg.attainment import goodput_rate, outcomes, record
 from pdserve.bench.disagg.report import ArmResult, Repeat, plot_results, print_header
-from pdserve.bench.disagg.send import send_plan
+from pdserve.bench.disagg.send import plan_load, send_plan
 from pdserve.bench.disagg.workload import (
     PlannedRequest,
     RequestClass,
@@ -275,7 +275,7 @@ def _run_arm(
     # With logs kept, the router logs each placement (the adaptive arm's, with its prices).
     router_args = () if log_dir is None else ("--log-level", "debug")
     with running_arm(arm, model_dir, settings.arms, log_dir, router_args) as cluster:
-        send_plan(cluster.router.address, warmup, rate=None, schedule_seed=0)
+        send_plan(plan_load(cluster.router.address, warmup, rate=None, schedule_seed=0))
         served = []
         for point in points:
             run = _run_point(cluster, point, settings, log_dir)
@@ -340,9 +340,10 @@ def _run_point(
     workers = cluster.prefill + cluster.decode
     ids = None if log_dir is None else f"r{point.rate:g}-{point.repeat}-"
     before = counters.snapshot(cluster.router, workers)
-    results = send_plan(
+    load = plan_load(
         cluster.router.address, point.plan, point.rate, point.schedule_seed, id_prefix=ids
     )
+    results = send_plan(load)
     counted = counters.snapshot(cluster.router, workers).since(before)
     served = outcomes(point.plan, results, settings.tpot_slo_s)
     if log_dir is not None:

@@ -12,20 +12,8 @@ from pdserve.loadtest.driver import drive
 from pdserve.loadtest.schedule import LoadSchedule
 
 
-def send_plan(
-    host: str,
-    plan: tuple[PlannedRequest, ...],
-    rate: float | None,
-    schedule_seed: int,
-    with_slo: bool = False,
-    metadata: tuple[tuple[str, str], ...] = (),
-    id_prefix: str | None = None,
-) -> tuple[CallResult, ...]:
-    """Streams every planned request through the router at Poisson arrivals (or all at once)
-    and waits for the last to finish; `with_slo`: each carries its class's TTFT SLO as its own
-    (`GenerateRequest.slo`, what the router's admission judges); `metadata` goes with every
-    call (e.g. a tenant header); `id_prefix`: request i carries `request_id` prefix + i."""
-    config = plan_load(host, plan, rate, schedule_seed, with_slo, metadata, id_prefix)
+def send_plan(config: LoadConfig) -> tuple[CallResult, ...]:
+    """Runs `config` (from `plan_load`) and waits for the last request to finish."""
     return asyncio.run(drive(config)).results
 
 
@@ -38,8 +26,11 @@ def plan_load(
     metadata: tuple[tuple[str, str], ...] = (),
     id_prefix: str | None = None,
 ) -> LoadConfig:
-    """The load runner's config for `send_plan` (several run together in one event loop by
-    gathering `drive` of each)."""
+    """The load runner's config that streams every planned request through the router at
+    Poisson arrivals (or all at once: no rate), for `send_plan` (or several gathered in one event
+    loop, `drive` of each). `with_slo`: each carries its class's TTFT SLO as its own
+    (`GenerateRequest.slo`, what the router's admission judges); `metadata` goes with every
+    call (e.g. a tenant header); `id_prefix`: request i carries `request_id` prefix + i."""
     return LoadConfig(
         method=Method.GENERATE_STREAM,
         host=host,
