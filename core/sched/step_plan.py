@@ -69,13 +69,17 @@ class StepPlan:
 
     def tokens_for(self, request: Request) -> int:
         """New tokens for `request` this step: what it lacks, within the token budget and, for
-        a prompt chunk, the prefill limit (0: no room left this step)."""
+        a prompt chunk, the prefill limit (0: no room left this step).
+
+        A prompt chunk leaves a token for each joining decode not yet scheduled, but keeps one
+        token itself: the joiners may rank below it, and a chunk left nothing would let them
+        run while it (perhaps preempted) waits, or, ahead of them in the queue, stall the step."""
         wanted = min(request.target_tokens - request.num_computed_tokens, self.budget)
         if wanted <= 1:
             return wanted
         held = len(self.joining - self.scheduled.keys() - {request.request_id})
-        wanted = max(min(wanted, self.budget - held), 0)
-        if self.prefill_limit is None or wanted == 0:
+        wanted = max(min(wanted, self.budget - held), 1)
+        if self.prefill_limit is None:
             return wanted
         return self.prefill_limit.grant(request.num_computed_tokens, wanted)
 

@@ -224,3 +224,14 @@ def test_a_landed_stream_counts_as_a_decode_under_the_itl_slo() -> None:
     _landed("chat", 20, 1, scheduler)
     output = scheduler.schedule()
     assert output.num_scheduled_tokens == {"long": 45, "chat": 1}
+
+
+def test_a_prompt_chunk_keeps_a_token_when_joining_streams_would_hold_the_whole_budget() -> None:
+    """Two streams whose KV landed would hold both tokens of a 2-token budget; the prompt ahead
+    of them (it arrived first) still takes one, and one stream the other: neither the better
+    request waits while worse ones run nor does the step stall."""
+    scheduler = Scheduler(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=2))
+    scheduler.add(_request("long", 20, 0))
+    _landed("chat-1", 4, 1, scheduler)
+    _landed("chat-2", 4, 2, scheduler)
+    assert scheduler.schedule().num_scheduled_tokens == {"long": 1, "chat-1": 1}
