@@ -41,6 +41,7 @@ from pdserve.costmodel.step_budget import ItlMode, StepCosts, WorkerStepBudget
 from pdserve.planner.sim_worker import Journey, Role, SharedCore, SimWorker, UsageSample
 from pdserve.planner.workload import TraceRequest
 from pdserve.router.placement.adaptive import WorkerRole, WorkerState, place_adaptive
+from pdserve.router.placement.arrival_rate import ArrivalRate
 from pdserve.router.placement.prefill_place import (
     PlacementConfig,
     PlacementMode,
@@ -123,6 +124,7 @@ class ClusterSim:
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
         self._order = itertools.count()
         self.now = 0.0
+        self._arrivals = ArrivalRate()  # the router's count of requests placed, on this clock
         prefill_core, decode_core = (
             (SharedCore(), SharedCore()) if deployment.one_core_per_tier else (None, None)
         )
@@ -224,8 +226,9 @@ class ClusterSim:
         if slo is None:
             return False
         self._take_back_idle()
+        rate = self._arrivals.per_second(self.now)
         prediction = predict(
-            journey.prompt_tokens, journey.output_tokens, self._states(), self._costs
+            journey.prompt_tokens, journey.output_tokens, self._states(), self._costs, rate
         )
         journey.predicted_ttft_s = prediction.ttft_s
         journey.refused = judge(prediction, slo) is not None
@@ -240,7 +243,9 @@ class ClusterSim:
         self._take_back_idle()
         by_name = {worker.name: worker for worker in self.prefill + self.decode}
         prompt, output = journey.prompt_tokens, journey.output_tokens
-        option = place_adaptive(prompt, output, self._states(), self._costs).option
+        rate = self._arrivals.per_second(now)
+        option = place_adaptive(prompt, output, self._states(), self._costs, rate).option
+        self._arrivals.record(now)
         decode = by_name[option.decode.address]
         if option.prefill is None:
             if decode in self.prefill:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ from pdserve.router.direct_calls import DirectCalls, DirectRun
 from pdserve.router.errors import RouterError
 from pdserve.router.live_migration import LiveMigration, StreamSuspended
 from pdserve.router.placement.adaptive import AdaptiveChoice, place_adaptive
+from pdserve.router.placement.arrival_rate import ArrivalRate
 from pdserve.router.placement.prefill_place import (
     PlacementMode,
     PrefillPlace,
@@ -94,9 +96,15 @@ class Dispatcher:
         # How long streams ran (those that ended by themselves): adaptive placement prices a
         # request's decode by the forecast, not by its max_tokens alone.
         self.output_lengths = OutputLengths()
+        # Requests placed a second: adaptive placement prices those expected to arrive.
+        self.arrivals = ArrivalRate()
         defaults = Slo(config.slo_ttft_seconds, config.slo_tpot_seconds)
         self.gate = SloGate(
-            defaults, config.costs, self.roles.worker_states, self.output_lengths.remaining
+            defaults,
+            config.costs,
+            self.roles.worker_states,
+            self.output_lengths.remaining,
+            lambda: self.arrivals.per_second(time.monotonic()),
         )
 
     @property
@@ -226,7 +234,11 @@ class Dispatcher:
         resumed = len(request.resumed_output_token_ids)
         output_tokens = self.output_lengths.remaining(request.sampling.max_tokens, resumed)
         states = self.roles.worker_states(avoid)
-        choice = place_adaptive(prompt_tokens, output_tokens, states, costs)
+        now = time.monotonic()
+        choice = place_adaptive(
+            prompt_tokens, output_tokens, states, costs, self.arrivals.per_second(now)
+        )
+        self.arrivals.record(now)
         placement, option = choice.placement, choice.option
         metrics.PREFILL_PLACEMENTS.labels(placement.place.value, placement.reason.value).inc()
         _log_placement(request, output_tokens, choice)
@@ -365,8 +377,8 @@ def _log_placement(request: ValidatedRequest, output_tokens: int, choice: Adapti
     prefill = "" if option.prefill is None else f" prefill {option.prefill.address}"
     log.debug(
         "placed %s: %d prompt tokens, %d output expected: %s (%s) decode %s%s; predicted "
-        "ttft %.3f s, stall %.3f s, decode %.3f s, step %.4f s; decode worker had %d streams, "
-        "%d prompt tokens queued",
+        "ttft %.3f s, stall %.3f s, decode %.3f s, blocked %.3f s, step %.4f s; decode worker had "
+        "%d streams, %d prompt tokens queued",
         request.log_name,
         request.context_length,
         output_tokens,
@@ -377,6 +389,7 @@ def _log_placement(request: ValidatedRequest, output_tokens: int, choice: Adapti
         option.ttft_s,
         option.stall_s,
         option.decode_s,
+        option.blocked_s,
         option.step_s,
         option.decode.running,
         option.decode.pending_prompt_tokens,

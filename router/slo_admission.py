@@ -106,9 +106,13 @@ class Refusal:
 
 
 def predict(
-    prompt_tokens: int, output_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
+    prompt_tokens: int,
+    output_tokens: int,
+    workers: Sequence[WorkerState],
+    costs: StepCosts,
+    arrivals_per_s: float = 0.0,
 ) -> Prediction:
-    option = place_adaptive(prompt_tokens, output_tokens, workers, costs).option
+    option = place_adaptive(prompt_tokens, output_tokens, workers, costs, arrivals_per_s).option
     ttft = option.ttft_s + costs.profile.serving.dispatch_s
     return Prediction(ttft, option.step_s, option.running_step_s)
 
@@ -136,11 +140,13 @@ class SloGate:
         costs: StepCosts | None,
         workers: Callable[[], Sequence[WorkerState]],
         forecast: Callable[[int, int], int],
+        arrivals_per_s: Callable[[], float],
     ) -> None:
         self._defaults = defaults
         self._costs = costs
         self._workers = workers  # the workers as placement sees them now
         self._forecast = forecast  # (max_tokens, generated) -> tokens still to come
+        self._arrivals_per_s = arrivals_per_s  # requests placed a second, now
 
     def check(self, prompt_tokens: int, max_tokens: int, own: Slo) -> Prediction | None:
         """Raises RouterError (RESOURCE_EXHAUSTED, a retry delay) for a predicted miss; the
@@ -153,7 +159,9 @@ class SloGate:
                 "slo", "this router predicts no SLOs: it was started without --profile"
             )
         output_tokens = self._forecast(max_tokens, 0)
-        prediction = predict(prompt_tokens, output_tokens, self._workers(), self._costs)
+        prediction = predict(
+            prompt_tokens, output_tokens, self._workers(), self._costs, self._arrivals_per_s()
+        )
         refusal = judge(prediction, slo)
         if refusal is not None:
             metrics.ADMISSION_REFUSALS.labels(refusal.miss.value).inc()

@@ -19,8 +19,15 @@ prompt tokens queued) with the same step arithmetic the workers' SLO budgets use
     decode its output (the forecast length: costmodel/output_length.py, capped by max_tokens)
            on the decoding worker: each step with one stream more, plus what that stream
            adds to the step of every stream already there
-    cost   ttft + stall + decode (a second lost by the new request or by a running one counts
-           the same)
+    blocked  local on a decode-tier worker: what the requests expected to arrive meanwhile (the
+           router's placements a second, shared over the decode tier) lose to its prompt's
+           steps. Every stream reaches a decode worker, and a hand-off waits for step ends
+           there (its reservation, then its start: `HANDOFF_WAIT_STEPS`); a long prompt's
+           chunks make those steps long. Priced without it, a long prompt went local on an idle
+           decode worker (the transfer saved, 0.03 s) and the chat arriving behind it waited
+           3 s for its first token (docs/disaggregation.md, the chat-heavy mix)
+    cost   ttft + stall + decode + blocked (a second lost by the new request, by a running one
+           or by one about to arrive counts the same)
 
 Each worker's steps are priced by the profile as corrected by that worker's measured steps (its
 Load reports them, costmodel/correction.py): a profile from another host, or a worker slower
@@ -57,6 +64,12 @@ from pdserve.costmodel.correction import StepWindow
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.router.placement.prefill_place import Placement, PlacementReason, PrefillPlace
+
+# A request handed off to a decode worker waits for a step to end twice there: its reservation
+# (blocks for its KV) at the end of the step running when it arrives, half a step on average,
+# and its start (KV landed, first token) at the end of the next (decode_service/engine.py polls
+# both between steps).
+HANDOFF_WAIT_STEPS = 1.5
 
 
 class WorkerRole(enum.Enum):
@@ -105,10 +118,11 @@ class Option:
     # The longest step the streams running where it is prefilled see while its own chunks run
     # (0: none run there): what admission keeps within their TPOT (router/slo_admission.py).
     running_step_s: float = 0.0
+    blocked_s: float = 0.0  # what requests arriving during its prefill lose (module docstring)
 
     @property
     def cost_s(self) -> float:
-        return self.ttft_s + self.stall_s + self.decode_s
+        return self.ttft_s + self.stall_s + self.decode_s + self.blocked_s
 
 
 @dataclass(frozen=True)
@@ -129,15 +143,22 @@ class _Prefill:
     stall_s: float
     first_step_s: float  # the worker's next step (0: idle)
     longest_own_step_s: float = 0.0  # of this prompt's own steps, while streams run there
+    # Its own steps' seconds times their mean excess over a decode-only step: what an arrival
+    # rate times HANDOFF_WAIT_STEPS turns into seconds lost by requests arriving meanwhile.
+    blocking_s2: float = 0.0
 
 
 def place_adaptive(
-    prompt_tokens: int, output_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
+    prompt_tokens: int,
+    output_tokens: int,
+    workers: Sequence[WorkerState],
+    costs: StepCosts,
+    arrivals_per_s: float = 0.0,
 ) -> AdaptiveChoice:
     """The cheapest option for a prompt of `prompt_tokens` tokens expected to generate
-    `output_tokens` (module docstring)."""
-    workers = _priced_by_peers(_prompts_are_not_streams(workers))
-    options = _local_options(prompt_tokens, workers, costs)
+    `output_tokens`, with requests placed at `arrivals_per_s` (module docstring)."""
+    workers = _priced_by_peers(workers)
+    options = _local_options(prompt_tokens, workers, costs, arrivals_per_s)
     remote = _remote_options(prompt_tokens, workers, costs)
     options = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in options]
     options = _lending_only_when_needed(options, costs)
@@ -183,19 +204,6 @@ def _lending_only_when_needed(options: list[Option], costs: StepCosts) -> list[O
     return own
 
 
-def _prompts_are_not_streams(workers: Sequence[WorkerState]) -> list[WorkerState]:
-    """A worker in the prefill role runs no streams: the running requests its Load reports are
-    the prompts it is prefilling, whose tokens its queue (`pending_prompt_tokens`) already
-    counts. Read as streams, a prefill worker busy with one prompt looked like a worker with a
-    stream to stall: every remote option was priced with a stall, and no option was free of
-    streams, so long prompts went to decode beside its streams (docs/disaggregation.md, the
-    default mix at commit 1603765)."""
-    return [
-        dataclasses.replace(w, running=0, context_tokens=0) if w.role is WorkerRole.PREFILL else w
-        for w in workers
-    ]
-
-
 def _priced_by_peers(workers: Sequence[WorkerState]) -> list[WorkerState]:
     """A worker that has not stepped yet (no measured windows) is priced by what its peers'
     steps measured: the same model, and in one deployment the same host class. Priced by the
@@ -208,15 +216,17 @@ def _priced_by_peers(workers: Sequence[WorkerState]) -> list[WorkerState]:
 
 
 def _local_options(
-    prompt_tokens: int, workers: Sequence[WorkerState], costs: StepCosts
+    prompt_tokens: int, workers: Sequence[WorkerState], costs: StepCosts, arrivals_per_s: float
 ) -> list[Option]:
     def order(worker: WorkerState) -> int:  # decode tier, then lent, then idle prefill workers
         return [worker.tier, worker.role].count(WorkerRole.PREFILL)
 
     takers = [w for w in workers if w.role is WorkerRole.DECODE or w.idle]
+    decode_tier = sum(w.tier is WorkerRole.DECODE for w in workers)
     options = []
     for worker in sorted(takers, key=order):
         prefill = _prefill_on(worker, prompt_tokens, costs)
+        handoffs_per_s = arrivals_per_s / decode_tier if worker.tier is WorkerRole.DECODE else 0.0
         options.append(
             Option(
                 PrefillPlace.LOCAL,
@@ -225,6 +235,7 @@ def _local_options(
                 prefill.done_s,
                 prefill.stall_s,
                 running_step_s=prefill.longest_own_step_s,
+                blocked_s=handoffs_per_s * HANDOFF_WAIT_STEPS * prefill.blocking_s2,
             )
         )
     return options
@@ -279,7 +290,9 @@ def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _P
     steps = queued + own
     stall = worker.running * sum(step - alone for step in steps)
     longest_own = max(own, default=0.0) if worker.running else 0.0
-    return _Prefill(sum(steps), stall, steps[0] if steps else alone, longest_own)
+    excess = [step - alone for step in own]
+    blocking = sum(own) * sum(excess) / len(excess) if excess else 0.0
+    return _Prefill(sum(steps), stall, steps[0] if steps else alone, longest_own, blocking)
 
 
 def _step_seconds(worker: WorkerState, prompts: tuple[int, ...], costs: StepCosts) -> list[float]:

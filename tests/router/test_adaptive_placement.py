@@ -124,14 +124,28 @@ def test_under_an_itl_slo_a_long_prompt_is_prefilled_where_no_stream_waits() -> 
     assert idle.option.place is PrefillPlace.LOCAL  # an idle decode worker stalls no stream
 
 
-def test_a_prefill_worker_prefilling_a_prompt_has_no_stream_to_stall() -> None:
-    """Its Load counts the prompt it is prefilling as running (1 request, 500 tokens computed,
-    1,500 to go): that is no stream. A long prompt beside decode's stream goes to it, priced
-    with no stall, under an ITL SLO."""
-    busy = WorkerState("p", PREFILL, PREFILL, 1, 500, 1, 1500)
-    choice = place_adaptive(3000, 1, [decode(running=1), busy], costs(itl_slo=10.0))
-    assert choice.option.place is PrefillPlace.REMOTE
-    assert choice.option.stall_s == 0.0
+def test_requests_expected_to_arrive_send_a_long_prompt_from_an_idle_decode_worker() -> None:
+    """3,000 tokens, both workers idle: local 3.10 s to the first token (chunks of 2.098 and
+    1.002 s), remote 0.019 s more (188 blocks delivered). With nothing arriving it stays local;
+    at 0.2 requests a second each arrival that hands off meanwhile waits 1.5 of those steps
+    (0.2 x 1.5 x 3.10 s x 1.55 s = 1.44 s), so the idle prefill worker prefills it: under an
+    ITL SLO (lending only when needed) for decode to decode, without one lent it end to end."""
+    workers = [decode(), prefill()]
+    fast_wire = costs(delivery_per_block=0.0001, itl_slo=10.0)
+    quiet = place_adaptive(3000, 1, workers, fast_wire)
+    assert quiet.option.place is PrefillPlace.LOCAL and quiet.option.blocked_s == 0.0
+    busy = place_adaptive(3000, 1, workers, fast_wire, arrivals_per_s=0.2)
+    assert busy.option.place is PrefillPlace.REMOTE
+    unbounded = place_adaptive(3000, 1, workers, costs(0.0001), arrivals_per_s=0.2)
+    assert unbounded.placement.reason is PlacementReason.PREFILL_IDLE
+    local = place_adaptive(3000, 1, [decode()], fast_wire, arrivals_per_s=0.2).option
+    assert local.blocked_s == pytest.approx(0.2 * 1.5 * 3.1 * 1.55)
+
+
+def test_only_a_decode_tier_worker_blocks_arrivals() -> None:
+    """Lending an idle prefill worker a short prompt blocks no hand-off: it prices nothing."""
+    choice = place_adaptive(100, 1, [decode(running=20), prefill()], costs(), arrivals_per_s=5.0)
+    assert choice.lends and choice.option.blocked_s == 0.0
 
 
 def test_the_least_loaded_decode_worker_takes_a_local_prompt() -> None:

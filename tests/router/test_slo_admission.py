@@ -96,18 +96,23 @@ def test_a_bad_slo_is_invalid_naming_the_field(value: float) -> None:
 
 def test_the_gate_refuses_with_resource_exhausted_and_a_retry_delay() -> None:
     workers = [decode(pending=2000)]
-    gate = SloGate(Slo(ttft_s=1.0), COSTS, lambda: workers, lambda limit, done: limit - done)
+    gate = SloGate(
+        Slo(ttft_s=1.0), COSTS, lambda: workers, lambda limit, done: limit - done, lambda: 0.0
+    )
     with pytest.raises(RouterError) as refused:
         gate.check(100, 10, NO_SLO)
     assert refused.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert refused.value.retry_after_s == 2
     admitted = gate.check(100, 10, Slo(ttft_s=10.0))  # its own, looser
     assert admitted is not None and admitted.ttft_s == pytest.approx(2.22)
-    assert SloGate(NO_SLO, COSTS, lambda: workers, lambda m, d: m).check(100, 10, NO_SLO) is None
+    assert (
+        SloGate(NO_SLO, COSTS, lambda: workers, lambda m, d: m, lambda: 0.0).check(100, 10, NO_SLO)
+        is None
+    )
 
 
 def test_an_slo_without_a_cost_model_is_refused_naming_it() -> None:
-    gate = SloGate(NO_SLO, None, lambda: [decode()], lambda limit, done: limit)
+    gate = SloGate(NO_SLO, None, lambda: [decode()], lambda limit, done: limit, lambda: 0.0)
     with pytest.raises(InvalidRequestError, match="slo: this router predicts no SLOs"):
         gate.check(100, 10, Slo(ttft_s=1.0))
 
