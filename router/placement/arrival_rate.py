@@ -9,28 +9,28 @@ from __future__ import annotations
 import collections
 
 WINDOW_S = 60.0  # long enough to hold several requests at the rates two cores serve
-MIN_SPAN_S = 10.0  # before that much has passed, a few early requests are not read as a burst
+MIN_SPAN_S = 10.0  # a few requests close together are not read as a burst of many a second
 
 
 class ArrivalRate:
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self._window_s = window_s
         self._times: collections.deque[float] = collections.deque()
-        self._first: float | None = None
 
     def record(self, now: float) -> None:
-        if self._first is None:
-            self._first = now
         self._times.append(now)
         self._forget_before(now - self._window_s)
 
     def per_second(self, now: float) -> float:
-        """Requests a second over the window (or the time since the first, if shorter)."""
-        if self._first is None:
-            return 0.0
+        """The window's requests over the time since the oldest of them: the gaps they span up to
+        now. Over the whole window instead, a burst after a quiet minute read as the burst's few
+        requests spread over that minute: 0.05 a second where 0.2 were arriving, and a long
+        prompt went local on an idle decode worker, blocking the chat behind it
+        (docs/disaggregation.md, the chat-heavy mix at 883f447)."""
         self._forget_before(now - self._window_s)
-        span = min(self._window_s, max(now - self._first, MIN_SPAN_S))
-        return len(self._times) / span
+        if not self._times:
+            return 0.0
+        return len(self._times) / max(now - self._times[0], MIN_SPAN_S)
 
     def _forget_before(self, cutoff: float) -> None:
         while self._times and self._times[0] < cutoff:
