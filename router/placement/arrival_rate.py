@@ -23,10 +23,9 @@ class ArrivalRate:
 
     def per_second(self, now: float) -> float:
         """The window's requests over the time since the oldest of them: the gaps they span up to
-        now. Over the whole window instead, a burst after a quiet minute read as the burst's few
-        requests spread over that minute: 0.05 a second where 0.2 were arriving, and a long
-        prompt went local on an idle decode worker, blocking the chat behind it
-        (docs/disaggregation.md, the chat-heavy mix at 883f447)."""
+        now. Over the whole window instead, requests that came after a quiet spell read as
+        spread over it (3 that came within 39 s read as 0.05 a second, not 0.076:
+        docs/disaggregation.md, the chat-heavy mix at 883f447)."""
         self._forget_before(now - self._window_s)
         if not self._times:
             return 0.0
