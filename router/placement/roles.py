@@ -111,17 +111,25 @@ def _state(
     """`worker`'s report and this router's sends since; `view`: its decode-pool twin (lent)."""
     report = worker.report or common_pb2.LoadResponse()
     both = [worker] if view is None else [worker, view]
-    streams = view.dispatched_since_poll if view is not None else worker.dispatched_since_poll
-    if tier is WorkerRole.PREFILL and view is None:
-        streams = 0  # a prefill worker's calls are Prefill calls, counted as prompts below
     return WorkerState(
         address=worker.address,
         tier=tier,
         role=role,
-        running=report.num_running + streams,
+        running=report.num_running + _streams_sent(worker, tier, view),
         context_tokens=report.num_context_tokens,
         pending_prompts=report.num_waiting + sum(w.sent_prompts for w in both),
         pending_prompt_tokens=report.num_pending_prompt_tokens
         + sum(w.sent_prompt_tokens for w in both),
         step_windows=tuple(step_windows_from_proto(report.step_windows)),
     )
+
+
+def _streams_sent(worker: Worker[Any], tier: WorkerRole, view: Worker[Any] | None) -> int:
+    """Streams this router sent to `worker`'s decode-pool view since its last report. A local
+    request is counted there both as a call and as a prompt; until it reports, it counts as the
+    prompt only (as the worker's own report does while the prompt is computed:
+    core/sched/engine_load.py). A prefill worker's own calls are Prefill calls: prompts only."""
+    pool_view = view if view is not None else worker if tier is WorkerRole.DECODE else None
+    if pool_view is None:
+        return 0
+    return max(pool_view.dispatched_since_poll - pool_view.sent_prompts, 0)
