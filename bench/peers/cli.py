@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     peer = peers_llama.Peer(args.cache)
     peers_llama.ensure_built(peer)
     gguf = peers_llama.ensure_gguf(peer, model_dir, args.gguf)
+    peer = peers_llama.runnable(peer, gguf)
     precision = Precision(args.dtype, args.quantization)
     weights = {"pdserve": precision.label, "llama.cpp": args.gguf.value}
     results: list[PeerResult] = []
@@ -247,6 +248,7 @@ def _run_llama(
         run.ms_per_token if one_at_a_time else None,
         speculation.spec_type if speculation is not None else "off",
         run.acceptance_rate,
+        peer.flags,
     )
 
 
@@ -276,5 +278,6 @@ def _batch1(
             theirs_load,
             weights["llama.cpp"],
             theirs_ms,
+            flags=peer.flags,
         ),
     ]

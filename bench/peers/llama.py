@@ -3,11 +3,12 @@
 Everything lives in one cache folder (default `~/.cache/pdserve/peers`): `dl/` (the
 llama-cpp-python sdist, which vendors llama.cpp), `build/bin/` (llama-server, llama-batched-bench),
 `venv-convert/` (llama.cpp's converter with its requirements) and the GGUF files. Building takes
-30-100 minutes on 2 cores, so it runs only when the binaries are missing.
+minutes (5.5 on the 2-vCPU Intel host class), so it runs only when the binaries are missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import subprocess
@@ -45,6 +46,13 @@ SERVER_START_TIMEOUT_S = 300.0
 # llama-server's n-gram speculation types (common/speculative.cpp of the vendored llama.cpp): all
 # draft from the request's own context, as pdserve's `ngram` does; none needs a draft model.
 NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# llama.cpp puts weights in extra buffer types where the CPU says it can run them: AMX tiles on
+# x86 (F32 and Q8_0 included), repacked layouts (on x86 only Q4_0, IQ4_NL, Q4_K and MXFP4:
+# ggml-cpu/repack.cpp). A KVM guest can advertise AMX and still fault on its tile instructions:
+# on the 2-vCPU Intel Xeon class `llama-batched-bench` died with SIGILL (`tilezero`) and SIGSEGV
+# in ggml_backend_amx_mul_mat on the Q8_0 GGUF. There this flag turns them off, which for F32 and
+# Q8_0 takes from llama.cpp only what it could not run.
+NO_EXTRA_BUFFERS = "--no-repack"
 
 
 class GgufType(enum.Enum):
@@ -58,6 +66,7 @@ class GgufType(enum.Enum):
 @dataclass(frozen=True)
 class Peer:
     cache: Path
+    flags: tuple[str, ...] = ()  # added to every llama.cpp command (`runnable`)
 
     @property
     def source(self) -> Path:
@@ -116,6 +125,32 @@ def ensure_built(peer: Peer) -> None:
     build = str(cache / "build")
     _run(["cmake", "-S", str(peer.source), "-B", build, *CMAKE_FLAGS])
     _run(["cmake", "--build", build, "-j", str(THREADS), "--target", *TARGETS])
+
+
+def runnable(peer: Peer, gguf: Path) -> Peer:
+    """`peer` as it runs `gguf` on this host: as built, or without its extra buffer types
+    (NO_EXTRA_BUFFERS) when they crash it, said once on stderr."""
+    if _runs(peer, gguf):
+        return peer
+    fallback = dataclasses.replace(peer, flags=(*peer.flags, NO_EXTRA_BUFFERS))
+    if not _runs(fallback, gguf):
+        raise RuntimeError(
+            f"llama.cpp: llama-batched-bench fails on {gguf.name}, with and without "
+            f"{NO_EXTRA_BUFFERS}"
+        )
+    print(
+        f"peers: llama.cpp crashed on {gguf.name} with its extra buffer types (on x86: AMX); "
+        f"every llama.cpp run gets {NO_EXTRA_BUFFERS}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return fallback
+
+
+def _runs(peer: Peer, gguf: Path) -> bool:
+    """A tiny llama-batched-bench run: 8 prompt tokens, 2 generated."""
+    command = _batched_bench_command(peer, gguf, prompt_tokens=8, decode_tokens=2)
+    return subprocess.run(command, capture_output=True).returncode == 0
 
 
 def ensure_gguf(peer: Peer, model_dir: Path, kind: GgufType) -> Path:
@@ -188,6 +223,7 @@ def serving(
         "-ub",
         "512",
         *(speculation.flags() if speculation is not None else []),
+        *peer.flags,
     ]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -270,7 +306,15 @@ def _complete(url: str, request: WorkloadRequest) -> dict[str, Any]:
 
 def batch1_ms_per_token(peer: Peer, gguf: Path, prompt_tokens: int, decode_tokens: int) -> float:
     """llama-batched-bench with one sequence: milliseconds per generated token."""
-    command = [
+    command = _batched_bench_command(peer, gguf, prompt_tokens, decode_tokens)
+    output = subprocess.run(command, check=True, capture_output=True, text=True)
+    return parse_batched_bench(output.stdout + output.stderr)
+
+
+def _batched_bench_command(
+    peer: Peer, gguf: Path, prompt_tokens: int, decode_tokens: int
+) -> list[str]:
+    return [
         str(peer.binary("llama-batched-bench")),
         "-m",
         str(gguf),
@@ -288,9 +332,8 @@ def batch1_ms_per_token(peer: Peer, gguf: Path, prompt_tokens: int, decode_token
         "1",
         "--output-format",
         "jsonl",
+        *peer.flags,
     ]
-    output = subprocess.run(command, check=True, capture_output=True, text=True)
-    return parse_batched_bench(output.stdout + output.stderr)
 
 
 def parse_batched_bench(text: str) -> float:

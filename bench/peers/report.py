@@ -20,6 +20,7 @@ class PeerResult:
     ms_per_token_batch1: float | None = None  # set on the --batch1 records only
     speculative: str = "off"  # pdserve's method ("ngram") or llama-server's --spec-type
     acceptance_rate: float | None = None  # drafts kept / drafted, when it speculated
+    flags: tuple[str, ...] = ()  # llama.cpp's flags beyond the harness's own (llama.py Peer)
 
     @property
     def tokens_per_s(self) -> float:
@@ -45,6 +46,8 @@ def json_line(result: PeerResult, workload: str) -> str:
         "weights": result.weights,
         "loadavg_1m_before": round(result.loadavg_1m_before, 2),
     }
+    if result.flags:
+        record["flags"] = " ".join(result.flags)
     return json.dumps(record)
 
 

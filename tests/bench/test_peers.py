@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
 from pdserve.bench.peers import cli as peers_cli
 from pdserve.bench.peers.llama import (
     NGRAM_SPEC_TYPES,
+    NO_EXTRA_BUFFERS,
     GgufType,
     LlamaRun,
     LlamaSpeculation,
+    Peer,
     parse_batched_bench,
+    runnable,
 )
 from pdserve.bench.peers.report import PeerResult, json_line, report
 
@@ -111,3 +115,37 @@ def test_report_compares_with_llamas_best_speculation() -> None:
     assert "16 slots, pdserve (ngram) / llama.cpp (ngram-map-k) tok/s: 0.80x" in text
     row = json.loads(json_line(results[2], "repetition.json"))
     assert (row["speculative"], row["acceptance_rate"]) == ("ngram-mod", 0.7)
+
+
+def _peer_whose_bench(tmp_path: Path, script: str) -> Peer:
+    """A cache whose llama-batched-bench is `script` (a shell script's body)."""
+    peer = Peer(tmp_path)
+    binary = peer.binary("llama-batched-bench")
+    binary.parent.mkdir(parents=True)
+    binary.write_text(f"#!/bin/sh\n{script}\n")
+    binary.chmod(0o755)
+    return peer
+
+
+def test_llama_runs_as_built_where_it_can(tmp_path: Path) -> None:
+    peer = _peer_whose_bench(tmp_path, "exit 0")
+    assert runnable(peer, tmp_path / "m.gguf").flags == ()
+
+
+def test_llama_without_extra_buffers_where_they_crash_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As AMX did on a KVM guest that advertised it: the tile instructions fault."""
+    crash_unless_flag = f'case "$*" in *{NO_EXTRA_BUFFERS}*) exit 0;; esac; kill -SEGV $$'
+    peer = _peer_whose_bench(tmp_path, crash_unless_flag)
+    fallback = runnable(peer, tmp_path / "m.gguf")
+    assert fallback.flags == (NO_EXTRA_BUFFERS,)
+    assert NO_EXTRA_BUFFERS in capsys.readouterr().err
+    result = PeerResult("llama.cpp", 16, 7303, 36.5, 2.1, "q8_0", flags=fallback.flags)
+    assert json.loads(json_line(result, "mixed.json"))["flags"] == NO_EXTRA_BUFFERS
+
+
+def test_llama_that_fails_either_way_is_an_error(tmp_path: Path) -> None:
+    peer = _peer_whose_bench(tmp_path, "exit 1")
+    with pytest.raises(RuntimeError, match="with and without"):
+        runnable(peer, tmp_path / "m.gguf")
