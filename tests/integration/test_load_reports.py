@@ -19,7 +19,7 @@ from .helpers import load, wait_all_blocks_free
 
 pytestmark = pytest.mark.integration
 
-LONG_PROMPT = list(range(1000, 3400))  # 2,400 tokens: one step of seconds on a CPU worker
+LONG_PROMPT = list(range(1000, 2200))  # 1,200 tokens: one step of seconds on a CPU worker
 SHORT_PROMPT = list(range(4000, 4300))
 ONE_STEP = ("--max-num-batched-tokens", str(len(LONG_PROMPT)))
 
