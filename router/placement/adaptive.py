@@ -191,17 +191,28 @@ def _long_prompts_where_no_stream_waits(
 
 def _lending_only_when_needed(options: list[Option], costs: StepCosts) -> list[Option]:
     """Under an ITL SLO, a prefill worker (idle, or lent already) decodes a new stream only when
-    no decode worker can take it within the SLO (its step with the stream in). Priced alone, an
-    idle prefill worker is always the cheaper decoder (a batch of one steps fastest), so it was
-    lent most chat streams; the next long prompt then shared its steps with streams wherever it
-    went, and chat missed its TPOT where a prefill worker kept for prompts served every class
+    no decode worker can take it within the SLO (`_takes_within`). Priced alone, an idle prefill
+    worker is always the cheaper decoder (a batch of one steps fastest), so it was lent most chat
+    streams; the next long prompt then shared its steps with streams wherever it went, and chat
+    missed its TPOT where a prefill worker kept for prompts served every class
     (docs/disaggregation.md, the default mix). Without an SLO there is no bound to decide by:
     lending is priced like any option."""
     slo = costs.itl_slo_s
     own = [option for option in options if option.decode.tier is WorkerRole.DECODE]
-    if slo is None or not any(option.step_s <= slo for option in own):
+    if slo is None or not any(_takes_within(option, slo, costs) for option in own):
         return options
     return own
+
+
+def _takes_within(option: Option, slo: float, costs: StepCosts) -> bool:
+    """Whether `option.decode` steps within `slo` with the stream in, and already does now: a
+    decode worker prefilling with no stream of its own runs whole chunks (nothing caps them), and
+    a stream handed to it waits for two of them to end. Judged on the first alone, the chat
+    arriving just after a long prompt went local on an idle decode worker was handed off there,
+    not lent the idle prefill worker, and waited 3.0-3.3 s for its first token against a 2 s SLO
+    (docs/disaggregation.md, the chat-heavy mix)."""
+    in_progress = _prefill_on(option.decode, 0, costs).first_step_s
+    return option.step_s <= slo and in_progress <= slo
 
 
 def _priced_by_peers(workers: Sequence[WorkerState]) -> list[WorkerState]:

@@ -108,6 +108,19 @@ def test_under_an_itl_slo_a_prefill_worker_is_lent_only_when_decode_cannot_keep_
     assert lent.option.decode.address == "p" and lent.lends
 
 
+def test_under_an_itl_slo_a_decode_worker_prefilling_alone_cannot_keep_a_stream() -> None:
+    """Decode prefills 3,000 queued tokens with no stream: whole chunks of 2,048 (2.1 s steps),
+    which a stream handed to it waits through. Its step with the stream in (55 ms) fits a 200 ms
+    SLO, the step it runs does not: the idle prefill worker is lent the chat. With streams of its
+    own decode's chunks are capped to the SLO, and it keeps the stream."""
+    prefilling_alone = [decode(pending=3000), prefill()]
+    lent = place_adaptive(100, 1, prefilling_alone, costs(itl_slo=0.2))
+    assert lent.option.decode.address == "p" and lent.lends
+    capped = [decode(running=2, pending=3000), prefill()]
+    kept = place_adaptive(100, 1, capped, costs(itl_slo=0.2))
+    assert kept.option.decode.address == "d" and not kept.lends
+
+
 def test_under_an_itl_slo_a_long_prompt_is_prefilled_where_no_stream_waits() -> None:
     """3,000 tokens (two chunks: 2,048 + 952) with one stream on decode and 4,000 queued on the
     prefill worker. Local: 3.1 s to the first token, and the stream waits 3.0 s more; remote:
