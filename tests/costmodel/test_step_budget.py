@@ -50,6 +50,22 @@ def test_prefill_steps_predict_the_chunking() -> None:
     assert [costs.seconds(shape) for shape, _ in steps] == pytest.approx([0.2, 0.12])
 
 
+def test_prefill_steps_share_a_step_between_prompts_as_the_scheduler_does() -> None:
+    """Two queued prompts of 300 tokens and one of 100 fit one step's 2,048 tokens: one step of
+    700 (0.75 s), not three of their own (0.85 s). Past the budget the step ends inside a
+    prompt, and under an SLO the limit ends it: the next step goes on where it stopped."""
+    costs = StepCosts(PROFILE, 2048)
+    steps = list(costs.prefill_steps(StepShape(), (300, 300, 100)))
+    assert [(shape.prefill_tokens, tokens) for shape, tokens in steps] == [(700, 700)]
+    assert costs.seconds(steps[0][0]) == pytest.approx(0.75)
+    budgeted = StepCosts(PROFILE, 500).prefill_steps(StepShape(), (300, 300, 100))
+    assert [tokens for _, tokens in budgeted] == [500, 200]
+    capped = StepCosts(PROFILE, 2048, itl_slo_s=0.2).prefill_steps(
+        StepShape.decodes(10, 1000), (60, 60, 60)
+    )
+    assert [tokens for _, tokens in capped] == [100, 80]
+
+
 def test_an_slo_must_be_positive() -> None:
     with pytest.raises(ValueError, match="--itl-slo"):
         StepCosts(PROFILE, 2048, itl_slo_s=0.0)

@@ -75,6 +75,35 @@ def test_decode_busy_prefilling_sends_the_prompt_to_the_prefill_tier() -> None:
     assert choice.placement.reason is PlacementReason.REMOTE_FASTER
 
 
+def test_a_prompt_behind_short_queued_ones_shares_their_step() -> None:
+    """Two 300-token prompts queued and this one of 100 take one step of 700 tokens (0.75 s),
+    as the scheduler packs them, not a step each (0.85 s)."""
+    worker = WorkerState("d", DECODE, DECODE, pending_prompts=2, pending_prompt_tokens=600)
+    choice = place_adaptive(100, 1, [worker], costs())
+    assert choice.option.ttft_s == pytest.approx(0.75)
+
+
+def test_a_hand_off_waits_for_the_decode_workers_steps_in_progress() -> None:
+    """Decode prefills a 6,000-token prompt in 2,048-token steps of 2.098 s. Its Reserve is
+    answered at the end of the first (half of it left, on average); the prompt's prefill behind
+    10 queued tokens and its delivery take 0.28 s, so its KV lands inside decode's second step
+    and the stream starts at that step's end: 1.049 + 2.098 s, not the prefill plus one step."""
+    workers = [decode(pending=6000), prefill(pending=10)]
+    choice = place_adaptive(100, 1, workers, costs())
+    assert choice.option.place is PrefillPlace.REMOTE
+    assert choice.option.ttft_s == pytest.approx(2.098 / 2 + 2.098)
+
+
+def test_a_hand_off_to_a_decoding_worker_starts_at_a_step_end() -> None:
+    """Decode steps 0.1 s for its 10 streams: the Reserve waits 0.05 s, the prefill worker takes
+    0.21 s (10 queued tokens, then these 100) and delivery 0.07 s, so the KV lands at 0.33 s and
+    the stream starts at the end of decode's step running then, 0.35 s."""
+    choice = place_adaptive(100, 1, [decode(running=10), prefill(pending=10)], costs())
+    remote = choice.option
+    assert remote.place is PrefillPlace.REMOTE
+    assert remote.ttft_s == pytest.approx(0.35)
+
+
 def test_an_idle_prefill_worker_is_lent_to_decode_when_decode_is_busy() -> None:
     choice = place_adaptive(100, 1, [decode(running=20), prefill()], costs())
     assert choice.option.place is PrefillPlace.LOCAL
