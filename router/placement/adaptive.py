@@ -321,7 +321,8 @@ def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _P
     running streams."""
     costs = costs.corrected(worker.step_windows)
     alone = costs.seconds(worker.decodes) if worker.running else 0.0
-    ahead = sum(queued := worker.queued_prompts())
+    queued = worker.queued_prompts()
+    ahead = sum(queued)
     steps: list[float] = []
     # This prompt's chunks, each priced beside the decodes alone: a step it shares with the
     # tail of the queue ahead is long for that queue's sake, not this prompt's.
