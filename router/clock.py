@@ -43,8 +43,10 @@ class RequestClock:
     first_token: float | None = None
     last_token: float | None = None
     num_tokens: int = 0
-    # Admitted under an SLO: the TTFT the admission predicted (router/slo_admission.py).
+    # The TTFT predicted for it: by adaptive placement, else by the admission of a request
+    # judged under an SLO (router/slo_admission.py); None: no prediction.
     predicted_ttft: float | None = None
+    place: str = ""  # where its prompt was prefilled: local, remote (its metric's label)
 
     def on_prefill_sent(self) -> None:
         self.prefill_sent = time.monotonic()
@@ -58,9 +60,9 @@ class RequestClock:
         if self.first_token is None:
             self.first_token = now
             metrics.TIME_TO_FIRST_TOKEN.observe(now - self.arrival)
-            if self.predicted_ttft:
+            if self.predicted_ttft and self.place:
                 ratio = (now - self.arrival) / self.predicted_ttft
-                metrics.TTFT_PREDICTION_RATIO.observe(ratio)
+                metrics.TTFT_PREDICTION_RATIO.labels(self.place).observe(ratio)
         elif self.last_token is not None and count > 0:
             gap = (now - self.last_token) / count
             metrics.INTER_TOKEN_LATENCY.observe(gap)

@@ -240,6 +240,8 @@ class Dispatcher:
         )
         self.arrivals.record(now)
         placement, option = choice.placement, choice.option
+        if clock.first_token is None:  # as admission predicts it: the router's dispatch too
+            clock.predicted_ttft = option.ttft_s + costs.profile.serving.dispatch_s
         metrics.PREFILL_PLACEMENTS.labels(placement.place.value, placement.reason.value).inc()
         _log_placement(request, output_tokens, choice)
         if option.prefill is None:
@@ -261,6 +263,7 @@ class Dispatcher:
         decode: Worker[DecodeAsyncStub],
     ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
         """Colocated: the decode worker prefills the prompt itself."""
+        clock.place = PrefillPlace.LOCAL.value
         await self.aborts.settled(decode.address, request.request_id)
         self.registry.decode.acquire(decode)
         message = decode_pb2.GenerateLocalRequest(request=request.to_work())
@@ -281,6 +284,7 @@ class Dispatcher:
         chosen: Chosen | None = None,
     ) -> tuple[Worker[DecodeAsyncStub], StartCall]:
         """Disaggregated: the prefill tier prefills it into a reservation on decode."""
+        clock.place = PrefillPlace.REMOTE.value
         handoff = await self.remote.handoff(request, deadline, clock, avoid, chosen)
         message = decode_pb2.DecodeRequest(
             request_id=request.request_id,

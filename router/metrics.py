@@ -141,7 +141,11 @@ for _reason in ("ttft", "tpot", "running_tpot"):
     ADMISSION_REFUSALS.labels(_reason)
 TTFT_PREDICTION_RATIO = Histogram(
     "pdserve_router_ttft_prediction_ratio",
-    "Measured / predicted time to first token of the requests admitted under an SLO: the "
-    "admission predictor's error as production sees it",
+    "Measured / predicted time to first token of every request adaptive placement placed, and "
+    "of those admitted under an SLO (router/slo_admission.py) by any placement, by where the "
+    "prompt was prefilled (place: local, remote): the cost model's error as production sees it",
+    ["place"],
     buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
 )
+for _place in ("local", "remote"):
+    TTFT_PREDICTION_RATIO.labels(_place)

@@ -287,8 +287,9 @@ def _ratio_buckets(router: Process) -> dict[float, float]:
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == RATIO + "_bucket":
-                buckets[float(sample.labels["le"])] = sample.value
+            if sample.name == RATIO + "_bucket":  # summed over its `place` label
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
     return buckets
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from pdserve.client import GenerationClient, SamplingParams, build_request
-from pdserve.local.cluster import Cluster
+from pdserve.local.cluster import Cluster, Process
+from pdserve.router.placement.prefill_place import PlacementReason
 from tests.fakes import PROFILE_OTHER_HOST
 
 from .conftest import WORKER_ARGS, start_cluster
@@ -32,8 +33,12 @@ ROUTER_ARGS = (
 PLACEMENTS = "pdserve_router_prefill_placements_total"
 ROLE_CHANGES = "pdserve_router_role_changes_total"
 LOCAL_PREFILLS = "pdserve_decode_local_prefills_total"
+TTFT_RATIO = "pdserve_router_ttft_prediction_ratio_count"
 STREAM_TOKENS = 40
-LEND_AGAIN_TRIES = 3
+# Bursts sent until the prefill worker is lent again. Three were not always enough (the suite
+# runs at 924a449 and 5dfb19d): a burst whose stream found decode still counted busy went remote
+# and kept the prefill worker prefilling, so nothing could be lent; the next burst lent it.
+LEND_AGAIN_TRIES = 5
 
 
 async def _beside_a_stream(
@@ -75,6 +80,8 @@ def test_adaptive_placement_lends_the_prefill_worker_and_takes_it_back(
         assert alone == hf_greedy[:1]
         assert labelled_metric(router, PLACEMENTS, place="local", reason="local_cheaper") == 1
         assert metric(decode, LOCAL_PREFILLS) == 1
+        # Its TTFT over the placement's prediction, in the router's histogram.
+        assert labelled_metric(router, TTFT_RATIO, place="local") == 1
 
         # A stream runs on decode: the idle prefill worker is lent (mid-run) and decodes too.
         received, outputs = asyncio.run(
@@ -91,7 +98,7 @@ def test_adaptive_placement_lends_the_prefill_worker_and_takes_it_back(
         asyncio.run(asyncio.sleep(2 * POLL_S))
         # Whether one burst lends it hangs on the decisions' timing against the measured steps
         # (the short prompts are as cheap prefilled beside the stream on decode itself): up to
-        # three bursts, each with transformers' outputs, until it is lent again.
+        # LEND_AGAIN_TRIES bursts, each with transformers' outputs, until it is lent again.
         for _ in range(LEND_AGAIN_TRIES):
             again = asyncio.run(_beside_a_stream(cluster, prompts[1], prompts, max_new_tokens))
             assert again == (STREAM_TOKENS, hf_greedy)
@@ -101,5 +108,14 @@ def test_adaptive_placement_lends_the_prefill_worker_and_takes_it_back(
         assert labelled_metric(router, ROLE_CHANGES, role="prefill") >= 1
         assert labelled_metric(router, ROLE_CHANGES, role="decode") >= 2
         wait_all_blocks_free(cluster)
+        # Every request placed, in the histogram by where its prompt was prefilled.
+        for place in ("local", "remote"):
+            assert labelled_metric(router, TTFT_RATIO, place=place) == _placed(router, place)
     finally:
         cluster.stop()
+
+
+def _placed(router: Process, place: str) -> float:
+    """Requests adaptive placement prefilled at `place`, summed over its reasons."""
+    reasons = [reason.value for reason in PlacementReason]
+    return sum(labelled_metric(router, PLACEMENTS, place=place, reason=r) for r in reasons)
