@@ -120,10 +120,11 @@ class StepCosts:
     ) -> Iterator[tuple[StepShape, int]]:
         """The steps a worker running `decodes` takes to prefill `prompts` (token counts, in
         queue order), as (step shape, prompt tokens done in it). A step takes chunks of the next
-        prompts while its token budget and limit leave room, as the scheduler's StepPlan does:
-        priced one prompt a step, a chat prompt behind two short queued ones was predicted three
-        steps to its first token and took one (measured / predicted TTFT median 0.49 for local
-        chat behind queued prompts, docs/disaggregation.md)."""
+        prompts while its token budget and limit leave room, as the scheduler's StepPlan does
+        (priced a step per prompt, every short prompt queued ahead added a step's fixed cost).
+        The limit is `for_step`'s, every step within the SLO: a worker in `mean` mode spends its
+        streams' slack on larger chunks than that, which these steps do not foresee
+        (docs/disaggregation.md, "Predicted against measured TTFT")."""
         pending = [length for length in prompts if length > 0]
         start = 0  # tokens of pending[0] already done
         while pending:

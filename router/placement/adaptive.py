@@ -284,9 +284,9 @@ def _first_token_on(receiver: WorkerState, ready_s: float, costs: StepCosts) -> 
     `ready_s`: its Reserve is answered at the end of the receiver's step in progress (half of it
     left, on average), the prefill starts then, and the stream starts at the end of the step the
     receiver runs when its KV lands (decode_service/engine.py takes both between steps). Priced
-    as the prefill plus one step in progress, a chat handed to a decode worker prefilling a long
-    prompt took 1.24x its predicted TTFT (median; 2.19x at the 90th percentile): the receiver's
-    later chunks were as long as the first."""
+    as the prefill plus the one step in progress, the hand-offs to a decode worker with prompts
+    queued took a median 1.14x their predicted TTFT (docs/disaggregation.md, "Predicted against
+    measured TTFT"): its later chunks are as long as the first."""
     costs = costs.corrected(receiver.step_windows)
     decoding_s = costs.seconds(receiver.decodes) if receiver.running else 0.0
     queue = costs.prefill_steps(receiver.decodes, receiver.queued_prompts())
