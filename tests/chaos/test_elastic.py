@@ -323,6 +323,7 @@ async def _a_second_decode_pod_with_streams(cluster: Cluster) -> dict[str, Any]:
     """Scales decode to 2 under the load (where it is not there already) and returns the newest
     pod once it runs streams (it has streams to lose)."""
     status = await asyncio.to_thread(cluster.up.scale, decode=2)
+    await asyncio.sleep(SETTLE_UNDER_LOAD_S)
     victim = max(_members(status, "decode"), key=lambda m: int(m["name"].split("-")[1]))
     while not (await asyncio.to_thread(_load, victim)).num_running:
         await asyncio.sleep(0.05)
