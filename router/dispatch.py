@@ -53,7 +53,7 @@ from pdserve.router.placement.prefill_place import (
 from pdserve.router.placement.roles import Roles
 from pdserve.router.registry import Registry
 from pdserve.router.remote_prefill import Chosen, RemotePrefill
-from pdserve.router.slo_admission import Slo, SloGate
+from pdserve.router.slo_admission import Slo, SloGate, ttft_as_seen
 from pdserve.router.validation import ValidatedRequest
 from pdserve.router.worker import Worker
 from pdserve.v1 import common_pb2, decode_pb2
@@ -240,8 +240,8 @@ class Dispatcher:
         )
         self.arrivals.record(now)
         placement, option = choice.placement, choice.option
-        if clock.first_token is None:  # as admission predicts it: the router's dispatch too
-            clock.predicted_ttft = option.ttft_s + costs.profile.serving.dispatch_s
+        if clock.first_token is None:  # as admission predicts it
+            clock.predicted_ttft = ttft_as_seen(option, costs)
         metrics.PREFILL_PLACEMENTS.labels(placement.place.value, placement.reason.value).inc()
         _log_placement(request, output_tokens, choice)
         if option.prefill is None:

@@ -32,7 +32,7 @@ from pdserve.core.sampling_params import InvalidRequestError
 from pdserve.costmodel.step_budget import StepCosts
 from pdserve.router import metrics
 from pdserve.router.errors import RouterError
-from pdserve.router.placement.adaptive import WorkerState, place_adaptive
+from pdserve.router.placement.adaptive import Option, WorkerState, place_adaptive
 from pdserve.v1 import generation_pb2
 
 MIN_RETRY_S = 1.0
@@ -113,8 +113,12 @@ def predict(
     arrivals_per_s: float = 0.0,
 ) -> Prediction:
     option = place_adaptive(prompt_tokens, output_tokens, workers, costs, arrivals_per_s).option
-    ttft = option.ttft_s + costs.profile.serving.dispatch_s
-    return Prediction(ttft, option.step_s, option.running_step_s)
+    return Prediction(ttft_as_seen(option, costs), option.step_s, option.running_step_s)
+
+
+def ttft_as_seen(option: Option, costs: StepCosts) -> float:
+    """The TTFT a client sees of `option`: its own, plus the router's dispatch cost."""
+    return option.ttft_s + costs.profile.serving.dispatch_s
 
 
 def judge(prediction: Prediction, slo: Slo) -> Refusal | None:
