@@ -165,7 +165,7 @@ def place_adaptive(
     options = _local_options(prompt_tokens, workers, costs, arrivals_per_s)
     remote = _remote_options(prompt_tokens, workers, costs)
     options = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in options]
-    options = _lending_only_when_needed(options, costs)
+    options = _lending_only_when_needed(options, prompt_tokens, costs)
     remote = [_with_decode(o, prompt_tokens, output_tokens, costs) for o in remote]
     if not options and not remote:
         raise ValueError("workers: none can take the request")
@@ -193,7 +193,9 @@ def _long_prompts_where_no_stream_waits(
     return quiet or options
 
 
-def _lending_only_when_needed(options: list[Option], costs: StepCosts) -> list[Option]:
+def _lending_only_when_needed(
+    options: list[Option], prompt_tokens: int, costs: StepCosts
+) -> list[Option]:
     """Under an ITL SLO, a prefill worker (idle, or lent already) decodes a new stream only when
     no decode worker can take it within the SLO (`_takes_within`). Priced alone, an idle prefill
     worker is always the cheaper decoder (a batch of one steps fastest), so it was lent most chat
@@ -203,20 +205,27 @@ def _lending_only_when_needed(options: list[Option], costs: StepCosts) -> list[O
     lending is priced like any option."""
     slo = costs.itl_slo_s
     own = [option for option in options if option.decode.tier is WorkerRole.DECODE]
-    if slo is None or not any(_takes_within(option, slo, costs) for option in own):
+    if slo is None or not any(_takes_within(option, slo, prompt_tokens, costs) for option in own):
         return options
     return own
 
 
-def _takes_within(option: Option, slo: float, costs: StepCosts) -> bool:
-    """Whether `option.decode` steps within `slo` with the stream in, and already does now: a
-    decode worker prefilling with no stream of its own runs whole chunks (nothing caps them), and
-    a stream handed to it waits for two of them to end. Judged on the first alone, the chat
-    arriving just after a long prompt went local on an idle decode worker was handed off there,
-    not lent the idle prefill worker, and waited 3.0-3.3 s for its first token against a 2 s SLO
-    (docs/disaggregation.md, the chat-heavy mix)."""
-    in_progress = _prefill_on(option.decode, 0, costs).first_step_s
-    return option.step_s <= slo and in_progress <= slo
+def _takes_within(option: Option, slo: float, prompt_tokens: int, costs: StepCosts) -> bool:
+    """Whether `option.decode` steps within `slo` with the stream in, and, for a prompt of one
+    step, already does now: a decode worker prefilling with no stream of its own runs whole
+    chunks (nothing caps them), and a stream handed to it waits for two of them to end. Judged on
+    the first alone, the chat arriving just after a long prompt went local on an idle decode
+    worker was handed off there, not lent the idle prefill worker, and waited 3.0-3.3 s for its
+    first token against a 2 s SLO (docs/disaggregation.md, the chat-heavy mix). A longer prompt's
+    stream starts only after its own chunks: judged by the step in progress too, a 2,121-token
+    prompt arriving while decode prefilled another lent the idle prefill worker, the next long
+    prompt was prefilled there beside its stream, and both missed their TPOT (the long-heavy
+    mix)."""
+    if option.step_s > slo:
+        return False
+    if prompt_tokens > costs.max_num_batched_tokens:
+        return True
+    return _prefill_on(option.decode, 0, costs).first_step_s <= slo
 
 
 def _priced_by_peers(workers: Sequence[WorkerState]) -> list[WorkerState]:

@@ -150,6 +150,15 @@ def test_under_an_itl_slo_a_decode_worker_prefilling_alone_cannot_keep_a_stream(
     assert kept.option.decode.address == "d" and not kept.lends
 
 
+def test_a_long_prompt_is_not_lent_past_a_decode_worker_prefilling_alone() -> None:
+    """The same decode worker prefilling alone, and a prompt of more than one step (3,000
+    tokens): its stream starts only after its own chunks, by when decode's are done, so decode
+    keeps it (here remote through the prefill worker) and the prefill worker is not lent."""
+    prefilling_alone = [decode(pending=3000), prefill()]
+    choice = place_adaptive(3000, 1, prefilling_alone, costs(0.0001, itl_slo=0.2))
+    assert choice.option.decode.address == "d" and not choice.lends
+
+
 def test_under_an_itl_slo_a_long_prompt_is_prefilled_where_no_stream_waits() -> None:
     """3,000 tokens (two chunks: 2,048 + 952) with one stream on decode and 4,000 queued on the
     prefill worker. Local: 3.1 s to the first token, and the stream waits 3.0 s more; remote:
