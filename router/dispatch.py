@@ -246,14 +246,17 @@ class Dispatcher:
         _log_placement(request, output_tokens, choice)
         if option.prefill is None:
             decode = self.roles.decode_worker(option.decode.address)
-            self.registry.decode.count_prompt(decode, prompt_tokens)
+            decode.sent_prompts.decided(request.request_id, prompt_tokens)
             return await self._local(request, deadline, clock, decode)
         chosen = (
             self.registry.decode.workers[option.decode.address],
             self.registry.prefill.workers[option.prefill.address],
         )
-        self.registry.prefill.count_prompt(chosen[1], prompt_tokens)
-        return await self._remote(request, deadline, clock, avoid, chosen)
+        chosen[1].sent_prompts.decided(request.request_id, prompt_tokens)
+        try:
+            return await self._remote(request, deadline, clock, avoid, chosen)
+        finally:  # prefilled by now, or never sent there (a retry may have chosen another)
+            chosen[1].sent_prompts.forget(request.request_id)
 
     async def _local(
         self,
@@ -266,6 +269,7 @@ class Dispatcher:
         clock.place = PrefillPlace.LOCAL.value
         await self.aborts.settled(decode.address, request.request_id)
         self.registry.decode.acquire(decode)
+        decode.sent_prompts.call_started(request.request_id)
         message = decode_pb2.GenerateLocalRequest(request=request.to_work())
         clock.on_prefill_sent()
         if self.config.relay is RelayMode.MULTIPLEXED:

@@ -167,11 +167,6 @@ class WorkerPool(Generic[StubT]):
         self.hold(worker)
         worker.dispatched_since_poll += 1
 
-    def count_prompt(self, worker: Worker[StubT], tokens: int) -> None:
-        """A prompt sent to `worker` to prefill: counts towards its load until the next poll."""
-        worker.sent_prompts += 1
-        worker.sent_prompt_tokens += tokens
-
     def hold(self, worker: Worker[StubT]) -> None:
         """Keeps `worker`'s channel open (even once it has left DNS) until `release`."""
         worker.in_flight += 1
@@ -207,6 +202,7 @@ class WorkerPool(Generic[StubT]):
         self._update_gauges()
 
     async def _poll_one(self, worker: Worker[StubT]) -> None:
+        poll = worker.sent_prompts.poll_started()
         outcome = await poll_health(worker, self.tier, self._health_limits)
         if outcome.lost and self.on_lost is not None:
             self.on_lost(worker)
@@ -214,7 +210,7 @@ class WorkerPool(Generic[StubT]):
         if report is None:
             return
         worker.report, worker.dispatched_since_poll = report, 0
-        worker.sent_prompts = worker.sent_prompt_tokens = 0
+        worker.sent_prompts.reported(poll)
         if self.prefix_map is not None:
             self.prefix_map.set_capacity(worker.address, report.num_cacheable_blocks)
         step_gauges.export(self._costs, self.tier.value, worker.address, report)

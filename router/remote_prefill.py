@@ -212,6 +212,7 @@ class RemotePrefill:
             request=request.to_work(), destination=destination.descriptor
         )
         pool.acquire(worker)
+        worker.sent_prompts.call_started(request.request_id)
         try:
             clock.on_prefill_sent()
             call = worker.stub.Prefill(message, timeout=deadline.remaining())

@@ -11,6 +11,7 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 
 from pdserve.router.placement.worker_choice import WorkerLoad
+from pdserve.router.sent_prompts import SentPrompts
 from pdserve.v1 import common_pb2
 
 
@@ -42,9 +43,8 @@ class Worker(Generic[StubT]):
     leaving: asyncio.Event = field(default_factory=asyncio.Event)
     answered_at: float | None = None  # time.monotonic() it was last heard from
     given_up: bool = False  # its streams were failed over; until it answers again
-    # Prompts (and their tokens) the router sent it to prefill since its last load report.
-    sent_prompts: int = 0
-    sent_prompt_tokens: int = 0
+    # Prompts the router sent it to prefill that its load reports may not show yet.
+    sent_prompts: SentPrompts = field(default_factory=SentPrompts)
 
     @property
     def staying(self) -> bool:

@@ -101,7 +101,7 @@ def _running(worker: Worker[Any]) -> bool:
     """Streams or prompts by its last report, or sent since (a prompt counted at the decision,
     before its call starts: the worker is not taken back under a request about to run)."""
     report = worker.report or common_pb2.LoadResponse()
-    sent = worker.dispatched_since_poll or worker.sent_prompts
+    sent = worker.dispatched_since_poll or worker.sent_prompts.count
     return bool(report.num_running or report.num_waiting or sent)
 
 
@@ -117,9 +117,9 @@ def _state(
         role=role,
         running=report.num_running + _streams_sent(worker, tier, view),
         context_tokens=report.num_context_tokens,
-        pending_prompts=report.num_waiting + sum(w.sent_prompts for w in both),
+        pending_prompts=report.num_waiting + sum(w.sent_prompts.count for w in both),
         pending_prompt_tokens=report.num_pending_prompt_tokens
-        + sum(w.sent_prompt_tokens for w in both),
+        + sum(w.sent_prompts.tokens for w in both),
         step_windows=tuple(step_windows_from_proto(report.step_windows)),
     )
 
@@ -132,4 +132,4 @@ def _streams_sent(worker: Worker[Any], tier: WorkerRole, view: Worker[Any] | Non
     pool_view = view if view is not None else worker if tier is WorkerRole.DECODE else None
     if pool_view is None:
         return 0
-    return max(pool_view.dispatched_since_poll - pool_view.sent_prompts, 0)
+    return max(pool_view.dispatched_since_poll - pool_view.sent_prompts.count, 0)

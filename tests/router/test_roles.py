@@ -30,7 +30,8 @@ def test_a_local_prompt_sent_since_the_poll_counts_as_a_prompt_not_a_stream(
             pool = stack.registry.decode
             worker = pool.workers[stack.tiers.decode_addresses[0]]
             pool.acquire(worker)  # a local request: a call on the decode worker ...
-            pool.count_prompt(worker, 300)  # ... whose prompt it computes itself
+            worker.sent_prompts.decided("local", 300)  # ... whose prompt it computes itself
+            worker.sent_prompts.call_started("local")
             local = _decode_state(stack)
             assert (local.running, local.pending_prompts) == (0, 1)
             assert local.pending_prompt_tokens == 300
@@ -42,5 +43,24 @@ def test_a_local_prompt_sent_since_the_poll_counts_as_a_prompt_not_a_stream(
             assert (polled.running, polled.pending_prompts) == (0, 0)  # the fake reports idle
             pool.release(worker)
             pool.release(worker)
+
+    asyncio.run(body())
+
+
+def test_a_prompt_whose_call_has_not_started_outlives_the_report(router_stack: Any) -> None:
+    """A remote prompt is counted on its prefill worker at the decision, and its Prefill call
+    starts only after decode's Reserve: a report answered in between does not know of it, and a
+    report whose poll started after the call does."""
+
+    async def body() -> None:
+        async with router_stack(**ADAPTIVE) as stack:
+            await stack.registry.poll()
+            worker = stack.registry.prefill.workers[stack.tiers.prefill_addresses[0]]
+            worker.sent_prompts.decided("remote", 3000)
+            await stack.registry.poll()  # while decode's Reserve runs
+            assert (worker.sent_prompts.count, worker.sent_prompts.tokens) == (1, 3000)
+            worker.sent_prompts.call_started("remote")
+            await stack.registry.poll()
+            assert worker.sent_prompts.count == 0
 
     asyncio.run(body())
