@@ -111,24 +111,31 @@ class StepCosts:
         """These costs for a worker whose recent steps measured `measured`."""
         return dataclasses.replace(self, correction=correction_from(self.profile, measured))
 
-    def for_step(self, decodes: StepShape) -> SloPrefillLimit:
-        """A step's limit with every step held within the SLO (what predictions assume)."""
-        return SloPrefillLimit(self, decodes, self.itl_slo_s)
+    def for_step(self, decodes: StepShape, cap_s: float | None = None) -> SloPrefillLimit:
+        """A step's limit, held to `cap_s` (None: to the SLO)."""
+        return SloPrefillLimit(self, decodes, self.itl_slo_s if cap_s is None else cap_s)
 
     def prefill_steps(
-        self, decodes: StepShape, prompts: tuple[int, ...]
+        self, decodes: StepShape, prompts: tuple[int, ...], cap_s: float | None = None
     ) -> Iterator[tuple[StepShape, int]]:
         """The steps a worker running `decodes` takes to prefill `prompts` (token counts, in
         queue order), as (step shape, prompt tokens done in it). A step takes chunks of the next
         prompts while its token budget and limit leave room, as the scheduler's StepPlan does
         (priced a step per prompt, every short prompt queued ahead added a step's fixed cost).
-        The limit is `for_step`'s, every step within the SLO: a worker in `mean` mode spends its
-        streams' slack on larger chunks than that, which these steps do not foresee
-        (docs/disaggregation.md, "Predicted against measured TTFT")."""
+
+        `cap_s` is the cap the worker held its last step to (its Load's step_cap_seconds). In
+        `mean` mode that is over the SLO by its streams' slack, and each step spends what it
+        takes over a decode-only step (WorkerStepBudget's cap falls by as much), never below the
+        SLO. Without it every step is held within the SLO (`for_step`), and a worker in `mean`
+        mode ran prompts queued behind others in fewer, larger chunks than predicted: 0.53-0.68x
+        the predicted TTFT (docs/disaggregation.md, "Predicted against measured TTFT")."""
+        slo = self.itl_slo_s
+        cap = slo if slo is None or cap_s is None else max(cap_s, slo)
+        decode_only = self.seconds(decodes)
         pending = [length for length in prompts if length > 0]
         start = 0  # tokens of pending[0] already done
         while pending:
-            limit = self.for_step(decodes)
+            limit = self.for_step(decodes, cap)
             budget, done = self.max_num_batched_tokens, 0
             while pending and budget > 0:
                 wanted = min(pending[0] - start, budget)
@@ -139,6 +146,8 @@ class StepCosts:
                 pending.pop(0)
                 start = 0
             yield limit.shape, done
+            if cap is not None and slo is not None:
+                cap = max(cap + decode_only - self.seconds(limit.shape), slo)
 
 
 class WorkerStepBudget:
@@ -161,6 +170,12 @@ class WorkerStepBudget:
         self._recorder = recorder
         self._lengths = lengths
         self._first_decode: dict[str, tuple[float, int]] = {}  # request id -> (when, tokens)
+        self._last_cap_s: float | None = None
+
+    @property
+    def last_cap_s(self) -> float | None:
+        """The cap of the last step (what a worker's Load reports as step_cap_seconds)."""
+        return self._last_cap_s
 
     def current_costs(self) -> StepCosts:
         """The costs as corrected by the steps measured so far."""
@@ -171,7 +186,8 @@ class WorkerStepBudget:
     def for_step(self, decodes: Sequence[RunningStream]) -> SloPrefillLimit:
         costs = self.current_costs()
         shape = StepShape.decodes(len(decodes), sum(r.num_tokens for r in decodes))
-        return SloPrefillLimit(costs, shape, self._cap(costs, decodes, shape))
+        self._last_cap_s = self._cap(costs, decodes, shape)
+        return SloPrefillLimit(costs, shape, self._last_cap_s)
 
     def _cap(
         self, costs: StepCosts, decodes: Sequence[RunningStream], shape: StepShape

@@ -267,6 +267,7 @@ class ClusterSim:
             context_tokens=load.num_context_tokens,
             pending_prompts=load.num_waiting,
             pending_prompt_tokens=load.num_pending_prompt_tokens,
+            step_cap_s=load.step_cap_s,
         )
 
     def _take_back_idle(self) -> None:

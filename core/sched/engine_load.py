@@ -20,6 +20,7 @@ class EngineLoad:
     num_free_blocks: int
     num_total_blocks: int
     num_cacheable_blocks: int  # KV blocks plus the offload tiers' (prefix blocks kept for reuse)
+    step_cap_s: float = 0.0  # the cap its step budget held the last step's prompt tokens to
 
 
 def load_of(scheduler: Scheduler) -> EngineLoad:
@@ -43,7 +44,14 @@ def load_of(scheduler: Scheduler) -> EngineLoad:
         num_free_blocks=usage.num_free_blocks,
         num_total_blocks=usage.num_blocks,
         num_cacheable_blocks=usage.num_blocks + usage.num_offload_blocks,
+        step_cap_s=_last_cap_of(scheduler),
     )
+
+
+def _last_cap_of(scheduler: Scheduler) -> float:
+    budget = scheduler.step_budget
+    cap = None if budget is None else budget.last_cap_s
+    return cap or 0.0
 
 
 def _prompt_left_of(request: Request) -> int:

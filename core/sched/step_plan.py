@@ -24,6 +24,11 @@ class StepBudget(Protocol):
 
     def for_step(self, decodes: Sequence[Request]) -> PrefillLimit: ...
 
+    @property
+    def last_cap_s(self) -> float | None:
+        """The cap the last step's prompt tokens were held to (None: none yet, or no cap)."""
+        ...
+
 
 @dataclass(frozen=True)
 class SchedulerOutput:

@@ -97,4 +97,5 @@ def load_to_proto(
         num_cacheable_blocks=load.num_cacheable_blocks,
         num_context_tokens=load.num_context_tokens,
         num_pending_prompt_tokens=load.num_pending_prompt_tokens,
+        step_cap_seconds=load.step_cap_s,
     )

@@ -93,6 +93,7 @@ class WorkerState:
     pending_prompts: int = 0  # prompts accepted and not yet fully prefilled
     pending_prompt_tokens: int = 0  # their tokens still to compute
     step_windows: tuple[StepWindow, ...] = ()  # its recent steps, measured (none: uncorrected)
+    step_cap_s: float = 0.0  # the cap its last step's prompt tokens were held to (0: none)
 
     @property
     def idle(self) -> bool:
@@ -337,7 +338,8 @@ def _prefill_on(worker: WorkerState, prompt_tokens: int, costs: StepCosts) -> _P
     # tail of the queue ahead is long for that queue's sake, not this prompt's.
     own: list[float] = []
     done = 0
-    for shape, tokens in costs.prefill_steps(worker.decodes, (*queued, prompt_tokens)):
+    prompts = (*queued, prompt_tokens)
+    for shape, tokens in costs.prefill_steps(worker.decodes, prompts, worker.step_cap_s or None):
         steps.append(costs.seconds(shape))
         own_start, done = max(done - ahead, 0), done + tokens
         if done > ahead:

@@ -121,6 +121,7 @@ def _state(
         pending_prompt_tokens=report.num_pending_prompt_tokens
         + sum(w.sent_prompts.tokens for w in both),
         step_windows=tuple(step_windows_from_proto(report.step_windows)),
+        step_cap_s=report.step_cap_seconds,
     )
 
 

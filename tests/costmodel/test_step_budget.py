@@ -7,6 +7,7 @@ import pytest
 from pdserve.core.config import EngineConfig
 from pdserve.core.request import Request
 from pdserve.core.sampling_params import SamplingParams
+from pdserve.core.sched.engine_load import load_of
 from pdserve.core.sched.scheduler import Scheduler
 from pdserve.costmodel.output_length import MIN_FINISHED, OutputLengths
 from pdserve.costmodel.profile import BlockCosts, CostModel, Profile
@@ -131,7 +132,18 @@ def test_a_stream_lends_the_slack_of_its_remaining_tokens() -> None:
     (0.4 s of prompt); the stream with fewer tokens left sets the cap."""
     clock = _Clock()
     streams = [_decoding("a", 1, 11), _decoding("b", 1, 20)]
-    assert _mean_budget(clock).for_step(streams).grant(0, 1000) in (399, 400)  # 0.46 s, rounded
+    budget = _mean_budget(clock)
+    assert budget.for_step(streams).grant(0, 1000) in (399, 400)  # 0.46 s, rounded
+    assert budget.last_cap_s == pytest.approx(0.46)  # what the worker's Load reports
+
+
+def test_a_scheduler_with_a_budget_reports_its_last_steps_cap() -> None:
+    scheduler = Scheduler(EngineConfig(num_kv_blocks=64, max_num_batched_tokens=512))
+    assert load_of(scheduler).step_cap_s == 0.0  # no budget, no cap
+    scheduler.step_budget = WorkerStepBudget(StepCosts(PROFILE, 512, itl_slo_s=0.1))
+    scheduler.add(_request("a", 8, 0))
+    scheduler.schedule()
+    assert load_of(scheduler).step_cap_s == 0.1
 
 
 def test_streams_ahead_of_the_slo_lend_their_slack_to_a_prompt() -> None:
@@ -251,3 +263,15 @@ def test_a_prompt_chunk_keeps_a_token_when_joining_streams_would_hold_the_whole_
     _landed("chat-1", 4, 1, scheduler)
     _landed("chat-2", 4, 2, scheduler)
     assert scheduler.schedule().num_scheduled_tokens == {"long": 1, "chat-1": 1}
+
+
+def test_prefill_steps_spend_a_reported_cap_over_the_slo_step_by_step() -> None:
+    """A worker in `mean` mode held its last step to 0.3 s (its streams' slack) under a 0.2 s
+    SLO: the first step takes 200 tokens (10 decodes, 0.1 s, leave 0.2 s), which spends 0.2 s
+    over a decode-only step, so the next is held to the SLO (100 tokens), and so on."""
+    costs = StepCosts(PROFILE, 2048, itl_slo_s=0.2)
+    steps = list(costs.prefill_steps(StepShape.decodes(10, 1000), (350,), cap_s=0.3))
+    assert [tokens for _, tokens in steps] == [200, 100, 50]
+    assert list(costs.prefill_steps(StepShape.decodes(10, 1000), (350,), cap_s=0.1)) == list(
+        costs.prefill_steps(StepShape.decodes(10, 1000), (350,))
+    )  # never below the SLO
