@@ -293,17 +293,21 @@ def test_a_decode_pod_cut_off_under_load_loses_nothing(cluster: Cluster) -> None
     found_after: list[float] = []
 
     async def cut_one_off() -> None:
+        # Read before the victim is found: from seeing its streams to the cut, as little time
+        # as can be, so that they are still running when it comes.
+        before = _router_metric(cluster, migrated)
         victim = await _a_second_decode_pod_with_streams(cluster)
         namespace = f"{cluster.up.prefix}-{victim['name']}"
-        before = _router_metric(cluster, migrated)
         set_pod_link(namespace, up=False)
         cut = time.monotonic()
         try:
             while _router_metric(cluster, migrated) <= before:
-                assert time.monotonic() - cut < 60, (
-                    "the cut-off pod's streams never migrated",
-                    cluster.up.router_warnings(),
-                )
+                if time.monotonic() - cut > 2 * LOST_POD_FOUND_WITHIN_S:
+                    print("\n".join(cluster.up.router_warnings(last=80)))  # in full, not cut
+                    failed = _router_metric(
+                        cluster, 'pdserve_router_migrations_total{outcome="failed"}'
+                    )
+                    pytest.fail(f"the cut-off pod's streams never migrated ({failed} failed)")
                 await asyncio.sleep(0.1)
             found_after.append(time.monotonic() - cut)
             await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # the load goes on without it
