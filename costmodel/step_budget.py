@@ -130,8 +130,9 @@ class StepCosts:
         mode ran prompts queued behind others in fewer, larger chunks than predicted: 0.53-0.68x
         the predicted TTFT (docs/disaggregation.md, "Predicted against measured TTFT")."""
         slo = self.itl_slo_s
-        cap = slo if slo is None or cap_s is None else max(cap_s, slo)
-        decode_only = self.seconds(decodes)
+        spends = slo is not None and cap_s is not None and cap_s > slo  # else: the SLO each step
+        cap = cap_s if spends else slo
+        decode_only = self.seconds(decodes) if spends else 0.0
         pending = [length for length in prompts if length > 0]
         start = 0  # tokens of pending[0] already done
         while pending:
@@ -146,7 +147,7 @@ class StepCosts:
                 pending.pop(0)
                 start = 0
             yield limit.shape, done
-            if cap is not None and slo is not None:
+            if spends and cap is not None and slo is not None:
                 cap = max(cap + decode_only - self.seconds(limit.shape), slo)
 
 

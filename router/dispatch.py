@@ -247,7 +247,11 @@ class Dispatcher:
         if option.prefill is None:
             decode = self.roles.decode_worker(option.decode.address)
             decode.sent_prompts.decided(request.request_id, prompt_tokens)
-            return await self._local(request, deadline, clock, decode)
+            try:
+                return await self._local(request, deadline, clock, decode)
+            except BaseException:  # never sent: nothing would clear its count
+                decode.sent_prompts.forget(request.request_id)
+                raise
         chosen = (
             self.registry.decode.workers[option.decode.address],
             self.registry.prefill.workers[option.prefill.address],
