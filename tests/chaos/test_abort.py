@@ -20,6 +20,9 @@ pytestmark = pytest.mark.integration
 
 # A first Abort try that always expires: on the old router it was the only one.
 EXPIRING_ABORTS = ("--abort-timeout-seconds", "0.001")
+# Tokens of each busy request: decode steps for seconds, past the cancel (which comes as soon
+# as decode holds the long prompt's blocks) and the Abort's first, expiring try.
+BUSY_TOKENS = 60
 
 
 def test_cancel_in_prefill_frees_the_reservation(
@@ -47,7 +50,9 @@ async def _cancel_while_decode_is_busy(
         busy = [
             asyncio.ensure_future(
                 client.generate(
-                    build_request(p, sampling=SamplingParams(max_tokens=120, ignore_eos=True))
+                    build_request(
+                        p, sampling=SamplingParams(max_tokens=BUSY_TOKENS, ignore_eos=True)
+                    )
                 )
             )
             for p in busy_prompts
@@ -59,7 +64,7 @@ async def _cancel_while_decode_is_busy(
         with pytest.raises(asyncio.CancelledError):
             await call
         for reply in await asyncio.gather(*busy):
-            assert len(reply.token_ids) == 120
+            assert len(reply.token_ids) == BUSY_TOKENS
 
 
 async def _until_reserved(cluster: Cluster, long_prompt_blocks: int) -> None:

@@ -47,7 +47,7 @@ from .streams import Stream, stream_grpc, stream_http
 
 pytestmark = pytest.mark.integration
 
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 NEVER = "@@ this never appears in the output @@"  # every stream holds text back for it
 ARRIVAL_INTERVAL_S = 0.3  # open loop: a new request every interval...
 # ...while fewer than this many are in flight. Without the bound, a host slower than the arrival
@@ -224,7 +224,7 @@ def test_the_autoscaler_adds_a_decode_pod_on_a_load_step_and_removes_it_after(
     speed: the autoscaler then takes the split that misses least within --max-pods 3, the one
     with the most decode pods, as long as the load is decode's (tests/planner/test_autoscale.py
     checks the decisions on SLOs that can be met). Decode's: only the shortest prompt is sent,
-    17 tokens for 24 out (with the mix's longer prompts a 1P2D simulated at the observed rate
+    17 tokens for 16 out (with the mix's longer prompts a 1P2D simulated at the observed rate
     could be short of prefill, and 2P1D then missed ITL less). Its profile is the tests' one
     of another host (tests/fakes): what the decode pods measured corrects it.
 

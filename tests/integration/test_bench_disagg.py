@@ -32,7 +32,7 @@ def _bench(
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     command = [sys.executable, "-m", "pdserve", "bench", "disagg", "--arms", arm, "--json"]
-    command += ["--rates", rates, "--duration", "3", "--repeats", str(repeats)]
+    command += ["--rates", rates, "--duration", "2", "--repeats", str(repeats)]
     command += ["--max-repeats", str(repeats)]  # as many as asked: the intervals aside
     command += ["--slo-tpot", "10"]
     command += ["--workload", str(spec_path)]
@@ -44,7 +44,7 @@ def _bench(
 def test_fresh_prompts_are_never_cache_hits_and_all_go_remote(tmp_path: Path) -> None:
     rows = _bench(tmp_path, "disaggregated", _spec(None))
     points, (summary,) = rows[:-1], rows[-1:]
-    assert [(row["rate"], row["requests"]) for row in points] == [(1.0, 6), (2.0, 12)]
+    assert [(row["rate"], row["requests"]) for row in points] == [(1.0, 4), (2.0, 8)]
     for row in points:
         assert row["completed"] == row["requests"]
         assert row["repeats"] == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -22,33 +22,24 @@ from .helpers import greedy_outputs, labelled_metric, load, wait_all_blocks_free
 pytestmark = pytest.mark.integration
 
 
-def test_a_draining_decode_worker_finishes_its_stream_and_refuses_new_work(
-    model_dir: Path, tmp_path: Path
-) -> None:
-    cluster = start_cluster(model_dir, tmp_path / "logs", num_prefill=1, num_decode=1)
-    decode = cluster.decode[0]
-    try:
-
-        async def stream_through_a_drain() -> tuple[int, grpc.StatusCode]:
-            sampling = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-            received = 0
-            refused = grpc.StatusCode.OK
-            request = build_request("Hello", sampling=sampling)
-            async with GenerationClient.connect(cluster.router.address) as client:
-                async for chunk in client.generate_stream(request):
-                    received += len(chunk.token_ids)
-                    if received == 3:
-                        decode.popen.send_signal(signal.SIGTERM)
-                        await asyncio.sleep(0.5)
-                        refused = await _reserve_status(decode.address)
-            return received, refused
-
-        received, refused = asyncio.run(stream_through_a_drain())
-        assert received == 30  # the stream in flight was finished
-        assert refused is grpc.StatusCode.UNAVAILABLE  # new work was not
-        assert decode.popen.wait(timeout=30) == 0
-    finally:
-        cluster.stop()
+@pytest.fixture(scope="module")
+def two_prefill_one_decode(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """One cluster for both drains, in file order: prefill-0's, then decode-0's (prefill-1
+    serves its prompt). No prefix cache: the prompts repeat, and each must be prefilled whole.
+    A grace its prompts fit in on a busy 2-core host (5 s did not, with other clusters running):
+    each worker must exit once idle, well before it."""
+    cluster = start_cluster(
+        model_dir,
+        tmp_path_factory.mktemp("drain-logs"),
+        num_prefill=2,
+        num_decode=1,
+        worker_args=(*WORKER_ARGS, "--no-prefix-cache"),
+        drain_grace_seconds=60.0,
+    )
+    yield cluster
+    cluster.stop()
 
 
 async def _reserve_status(address: str) -> grpc.StatusCode:
@@ -72,31 +63,42 @@ PREFILL_MAX_TOKENS = 8
 
 
 def test_a_draining_prefill_worker_finishes_its_prefills(
-    model_dir: Path, tmp_path: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
+    two_prefill_one_decode: Cluster, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
     """prefill-0 gets SIGTERM while prompts wait or run on it: every request still ends with
-    transformers' greedy output, and the worker exits 0 once idle, not at the grace's end. No
-    prefix cache: the prompts repeat, and each must be prefilled whole."""
-    logs = tmp_path / "logs"
-    # A grace its prompts fit in on a busy 2-core host (5 s did not, with other clusters running):
-    # the worker must exit once idle, well before it.
-    cluster = start_cluster(
-        model_dir,
-        logs,
-        num_prefill=2,
-        num_decode=1,
-        worker_args=(*WORKER_ARGS, "--no-prefix-cache"),
-        drain_grace_seconds=60.0,
-    )
-    draining = cluster.prefill[0]
+    transformers' greedy output, and the worker exits 0 once idle, not at the grace's end."""
+    cluster = two_prefill_one_decode
     indices = [4 + i % 4 for i in range(PREFILL_REQUESTS)]  # 63..500 tokens
     work = [prompts[index] for index in indices]
-    try:
-        expected = [hf_greedy[index][:PREFILL_MAX_TOKENS] for index in indices]
-        # It finished its prompts: the grace did not cut them.
-        _drains_with_outputs(cluster, work, expected, draining, _has_prompts)
-    finally:
-        cluster.stop()
+    expected = [hf_greedy[index][:PREFILL_MAX_TOKENS] for index in indices]
+    # It finished its prompts: the grace did not cut them.
+    _drains_with_outputs(cluster, work, expected, cluster.prefill[0], _has_prompts)
+
+
+def test_a_draining_decode_worker_finishes_its_stream_and_refuses_new_work(
+    two_prefill_one_decode: Cluster,
+) -> None:
+    cluster = two_prefill_one_decode
+    decode = cluster.decode[0]
+
+    async def stream_through_a_drain() -> tuple[int, grpc.StatusCode]:
+        sampling = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+        received = 0
+        refused = grpc.StatusCode.OK
+        request = build_request("Hello", sampling=sampling)
+        async with GenerationClient.connect(cluster.router.address) as client:
+            async for chunk in client.generate_stream(request):
+                received += len(chunk.token_ids)
+                if received == 3:
+                    decode.popen.send_signal(signal.SIGTERM)
+                    await asyncio.sleep(0.5)
+                    refused = await _reserve_status(decode.address)
+        return received, refused
+
+    received, refused = asyncio.run(stream_through_a_drain())
+    assert received == 30  # the stream in flight was finished
+    assert refused is grpc.StatusCode.UNAVAILABLE  # new work was not
+    assert decode.popen.wait(timeout=30) == 0
 
 
 def _drains_with_outputs(
