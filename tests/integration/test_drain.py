@@ -187,7 +187,21 @@ def test_prompts_queued_for_a_draining_decode_worker_follow_their_reservations(
             labelled_metric(process, f"pdserve_{role}_redirects_total", outcome="redirected")
             for process, role in ((cluster.router, "router"), (cluster.prefill[0], "prefill"))
         ]
-        assert min(redirected) >= 1, redirected
+        assert min(redirected) >= 1, (redirected, _router_redirects(cluster))
         wait_all_blocks_free(cluster)
     finally:
         cluster.stop()
+
+
+def _router_redirects(cluster: Cluster) -> dict[str, float]:
+    """The router's redirects by outcome, and its warnings: why a prompt was not redirected
+    (no other worker, or its KV had begun to leave), for a failure's message."""
+    outcomes = ("redirected", "too_late", "no_other_worker")
+    counts = {
+        outcome: labelled_metric(cluster.router, "pdserve_router_redirects_total", outcome=outcome)
+        for outcome in outcomes
+    }
+    assert cluster.log_dir is not None
+    log = (cluster.log_dir / "router-0.log").read_text().splitlines()
+    print("\n".join(line for line in log if "WARNING" in line)[-4000:])
+    return counts
