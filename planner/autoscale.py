@@ -1,4 +1,4 @@
-"""The autoscaler's decision: from what the last interval showed (arrivals, the length mix, the
+"""The autoscaler's decision: from what the recent load showed (arrivals, the length mix, the
 streams in flight), the fewest prefill and decode pods that the simulator says meet the SLOs at
 that load plus headroom, and when to apply it.
 
@@ -21,7 +21,9 @@ planner corrects its prefill and decode predictions by measured / predicted; per
 simulator's pods are per tier, and a profile from another host or backend is wrong by a scale
 (costmodel/correction.py says why a ratio rather than a refit).
 
-When to act (`Autoscaler.decide`), on one window's arrivals read two ways:
+When to act (`Autoscaler.decide`), on the arrivals of the view it is given (the lookback of a
+few minutes while the last window agrees with it, the window alone once it does not:
+planner/autoscale_view.py) read two ways:
 - up at once when the window's mean rate wants more pods in a tier (a missed SLO costs now; the
   other tier kept as it is unless that passes `max_pods`);
 - down only when even the high end of the rate those arrivals allow (`Observation.rate_upper`:
@@ -31,6 +33,9 @@ When to act (`Autoscaler.decide`), on one window's arrivals read two ways:
   most. So a lull between two arrivals of a low-rate phase keeps the pods, while a window that
   holds no trace of a busy phase lets them go at once, and the band between the two readings
   keeps a steady load from scaling up and back down;
+- pods moved between the tiers (as many or fewer in all, one tier up) only once
+  `rebalance_after` decisions in a row wanted that: near capacity the simulated verdict on two
+  splits of as many pods flips from one decision to the next;
 - never below the floor the live streams need (decode slots for every stream in flight: a
   scale-in moves streams, it must not strand them).
 A load no deployment within `max_pods` meets gets the largest one tried. Among the splits of the
@@ -150,7 +155,16 @@ class Policy:
     # the guard against lulls; more intervals trade a later scale-in for fewer wrong ones).
     down_after: int = 1
     max_pods: int = 4  # prefill + decode
-    trace_seconds: float = 60.0  # the simulated load's span
+    # Decisions in a row that wanted pods moved between the tiers (none added) before any moves:
+    # near what the pods can serve, the simulated verdict on two splits of as many pods flips
+    # from one decision to the next (3P1D predicted 0.96, 0.19, 0.95, 0.08 at four in a row of
+    # a full trace run), and each flip drains a pod and migrates its streams for nothing.
+    rebalance_after: int = 2
+    trace_seconds: float = 60.0  # the simulated load's span, at least
+    # ... and long enough to hold this many arrivals: an attainment of 0.95 judged on the five
+    # arrivals of 60 s at 0.09 req/s reads one miss as 0.8 and sees a chat prompt queued behind a
+    # long one (a 1P1D prefill pod busy 40 % of a surge) only by chance.
+    min_requests: int = 100
     seed: int = 0
     # The share of the profiled worker (one core) each pod gets: its --pod-cpus, up to 1 (a 0.5
     # pod serves half what a 1.0 pod does: docs/elasticity.md).
@@ -181,6 +195,7 @@ class Action(enum.Enum):
     SCALE_UP = "scale_up"
     SCALE_DOWN = "scale_down"
     WAIT_DOWN = "wait_down"  # wants fewer, not for long enough yet
+    WAIT_REBALANCE = "wait_rebalance"  # wants pods moved between tiers, not for long enough yet
 
 
 @dataclass(frozen=True)
@@ -198,7 +213,8 @@ def trace(
     observation: Observation, policy: Policy, rate: float | None = None
 ) -> list[TraceRequest]:
     """The load to size for: the workers' backlog, as prompts waiting at its start, then Poisson
-    arrivals at `rate` (default: the observed one) x (1 + headroom)."""
+    arrivals at `rate` (default: the observed one) x (1 + headroom), over `trace_seconds` or
+    the span that holds `min_requests` of them, the longer."""
     if not observation.prompt_tokens.total or not observation.output_tokens.total:
         return []
     rng = random.Random(policy.seed)
@@ -206,8 +222,9 @@ def trace(
     rate = (observation.rate if rate is None else rate) * (1 + policy.headroom)
     if rate <= 0:
         return requests
+    span = max(policy.trace_seconds, policy.min_requests / rate)
     arrival = rng.expovariate(rate)
-    while arrival < policy.trace_seconds:
+    while arrival < span:
         prompt = observation.prompt_tokens.draw(rng)
         output = observation.output_tokens.draw(rng)
         requests.append(TraceRequest(arrival, prompt, output))
@@ -264,6 +281,7 @@ class Autoscaler:
         self.colocated = colocated
         self._wanted = wanted or self.fewest_pods
         self._fewer_in_a_row: list[Shape] = []
+        self._rebalances_in_a_row = 0
 
     def floor(self, observation: Observation) -> Shape:
         decode = max(1, math.ceil(observation.in_flight / self.engine.max_num_seqs))
@@ -340,15 +358,27 @@ class Autoscaler:
         correction = self.correction(observation)
         if _more_in_a_tier(wanted, current):
             self._fewer_in_a_row.clear()
-            return Decision(
-                Action.SCALE_UP, self._raised(wanted, current), wanted, floor, correction
-            )
+            action, shape = self._up(self._raised(wanted, current), current)
+            return Decision(action, shape, wanted, floor, correction)
+        self._rebalances_in_a_row = 0
         if wanted == current:  # the high end of the rate wants at least what its mean does
             self._fewer_in_a_row.clear()
             return Decision(Action.HOLD, current, wanted, floor, correction)
         upper = self._wanted(observation, observation.rate_upper, current).at_least(floor)
         action, shape = self._down(upper, current)
         return Decision(action, shape, wanted, floor, correction, upper)
+
+    def _up(self, raised: Shape, current: Shape) -> tuple[Action, Shape]:
+        """Added pods at once (a missed SLO costs now); pods only moved between the tiers once
+        `rebalance_after` decisions in a row wanted that."""
+        if raised.pods > current.pods:
+            self._rebalances_in_a_row = 0
+            return Action.SCALE_UP, raised
+        self._rebalances_in_a_row += 1
+        if self._rebalances_in_a_row < self.policy.rebalance_after:
+            return Action.WAIT_REBALANCE, current
+        self._rebalances_in_a_row = 0
+        return Action.SCALE_UP, raised
 
     def _raised(self, wanted: Shape, current: Shape) -> Shape:
         """The other tier is not cut on the way up, unless keeping it would pass max_pods."""

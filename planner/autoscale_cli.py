@@ -6,8 +6,9 @@ HorizontalPodAutoscalers (planner/autoscale_apply.py). Live KV migration makes a
 nothing either way.
 
 Every `--interval-seconds` it scrapes the router's metrics, decides on the load of the last
-`--window-seconds`, scales when the decision says so (waiting until the pods are ready or
-drained) and prints one line: the window's arrival rate, streams in flight, what the load
+`--lookback-seconds`, or of the last `--window-seconds` once their arrival rates disagree
+(planner/autoscale_view.py), scales when the decision says so (waiting until the pods are ready or
+drained) and prints one line: the view's arrival rate, streams in flight, what the load
 wanted at that rate and at its high end (`wanted_upper`, asked when the mean wanted fewer:
 planner/autoscale.py), the floor the streams need, the action, the shape, the factor each
 tier's simulated pods were corrected by (measured / predicted step time), and the workers a
@@ -80,11 +81,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window-seconds",
         type=float,
         default=30.0,
-        help="the load each decision sizes for is measured over this long (at least an "
-        "interval; two by default: a scale-in comes two intervals after the load ends)",
+        help="the last window (at least an interval; two by default): its load is what a "
+        "decision sizes for once its arrival rate differs from the lookback's",
+    )
+    parser.add_argument(
+        "--lookback-seconds",
+        type=float,
+        default=120.0,
+        help="the longer view: each decision sizes for the load of this long while the last "
+        "window's arrival rate agrees with it, of the window alone once it does not "
+        "(planner/autoscale_view.py)",
     )
     parser.add_argument("--headroom", type=float, default=Policy.headroom, help="0.25: +25 %%")
     parser.add_argument("--down-after", type=int, default=Policy.down_after, help="intervals")
+    parser.add_argument(
+        "--rebalance-after",
+        type=int,
+        default=Policy.rebalance_after,
+        help="decisions in a row that want pods moved between the tiers before they move",
+    )
     parser.add_argument("--max-pods", type=int, default=Policy.max_pods, help="prefill + decode")
     parser.add_argument(
         "--placement",
@@ -144,14 +159,15 @@ def _applier(args: argparse.Namespace, first: Routers) -> Applier:
 
 
 def _loop(args: argparse.Namespace, scaler: Autoscaler, applier: Applier, first: Routers) -> None:
-    window = ScrapeWindow(max(args.window_seconds, args.interval_seconds), first)
+    seconds = max(args.window_seconds, args.interval_seconds)
+    window = ScrapeWindow(seconds, args.lookback_seconds, first)
     decided = 0
     while not args.intervals or decided < args.intervals:
         time.sleep(args.interval_seconds)
         try:
             now = scrape(args.metrics_url, time.monotonic())
             current = applier.current()  # locally: whoever scaled it last
-            _step(args, scaler, applier, window.add(now), current)
+            _step(args, scaler, applier, window.add(now).steady(), current)
         except NoClusterError:  # the cluster stopped (a ConnectionError, so before OSError)
             raise
         except (ScaleError, TimeoutError, OSError) as error:  # this interval's; the next retries
@@ -164,6 +180,7 @@ def _autoscaler(args: argparse.Namespace, colocated: bool) -> Autoscaler:
     policy = Policy(
         headroom=args.headroom,
         down_after=args.down_after,
+        rebalance_after=args.rebalance_after,
         max_pods=args.max_pods,
         pod_share=1.0 if args.pod_cpus is None else min(args.pod_cpus, 1.0),
     )

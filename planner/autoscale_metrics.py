@@ -29,6 +29,7 @@ from prometheus_client.samples import Sample
 from pdserve.costmodel.correction import StepPhase, StepWindow
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner.autoscale import LengthHistogram, Observation
+from pdserve.planner.autoscale_view import LoadViews
 
 PROMPT_TOKENS = "pdserve_router_admitted_prompt_tokens"
 OUTPUT_TOKENS = "pdserve_router_output_tokens"
@@ -130,20 +131,25 @@ def observation(before: Routers, after: Routers) -> Observation:
 
 
 class ScrapeWindow:
-    """The scrapes of the last `seconds`: each interval's observation spans from the oldest one
-    still within the window to the newest. A decision every interval on a load measured over
-    longer: at 0.1 req/s a 10 s interval holds one arrival or none, and its rate swings between 0
-    and 3x the true one (a first trace run scaled up and back down every other interval so)."""
+    """The scrapes of the last `lookback_seconds`: each interval's load is seen over every span
+    from one of them to the newest, from the window (`seconds`) up to the whole lookback, and
+    planner/autoscale_view.py chooses among them. A decision every interval on a load measured
+    over longer: at 0.1 req/s a 10 s interval holds one arrival or none, and its rate swings
+    between 0 and 3x the true one (a first trace run scaled up and back down every other
+    interval so)."""
 
-    def __init__(self, seconds: float, first: Routers) -> None:
+    def __init__(self, seconds: float, lookback_seconds: float, first: Routers) -> None:
         self.seconds = seconds
+        self.lookback_seconds = max(seconds, lookback_seconds)
         self._scrapes: deque[Routers] = deque([first])
 
-    def add(self, now: Routers) -> Observation:
+    def add(self, now: Routers) -> LoadViews:
         self._scrapes.append(now)
-        while len(self._scrapes) > 2 and _at(now) - _at(self._scrapes[1]) >= self.seconds:
+        while len(self._scrapes) > 2 and _at(now) - _at(self._scrapes[1]) >= self.lookback_seconds:
             self._scrapes.popleft()
-        return observation(self._scrapes[0], now)
+        starts = [s for s in list(self._scrapes)[:-1] if _at(now) - _at(s) >= self.seconds]
+        starts = starts or [self._scrapes[0]]  # none a window old yet: the oldest
+        return LoadViews(tuple(observation(start, now) for start in reversed(starts)))
 
 
 def _at(routers: Routers) -> float:

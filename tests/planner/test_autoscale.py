@@ -84,6 +84,14 @@ def test_the_trace_is_the_observed_rate_with_headroom() -> None:
     assert trace(_chat(rate=0.0), Policy()) == []
 
 
+def test_a_low_rate_is_simulated_over_enough_arrivals_to_judge_a_share() -> None:
+    """At 0.1 req/s, 60 s holds six arrivals: the span grows to hold `min_requests`."""
+    short = trace(_chat(rate=0.1), Policy(headroom=0.0, trace_seconds=60, min_requests=0))
+    long = trace(_chat(rate=0.1), Policy(headroom=0.0, trace_seconds=60, min_requests=100))
+    assert len(short) < 15
+    assert 75 < len(long) < 125 and long[-1].arrival_s > 600
+
+
 @pytest.fixture(scope="module")
 def engine() -> EngineConfig:
     return EngineConfig(max_num_seqs=16, max_num_batched_tokens=512)
@@ -93,7 +101,7 @@ def _scaler(
     engine: EngineConfig, colocated: bool = False, pod_share: float = 1.0, slo: Slo = SLO
 ) -> Autoscaler:
     profile = load_profile(PROFILE_OTHER_HOST)
-    policy = Policy(max_pods=4, trace_seconds=30, pod_share=pod_share)
+    policy = Policy(max_pods=4, trace_seconds=30, min_requests=0, pod_share=pod_share)
     return Autoscaler(profile, engine, PlacementConfig(), slo, policy, colocated=colocated)
 
 
@@ -212,15 +220,19 @@ def test_down_only_when_the_rates_high_end_wants_fewer(engine: EngineConfig) -> 
     assert (idle.action, idle.shape) == (Action.SCALE_DOWN, Shape(1, 1)) and asked[-1] == 0.0
 
 
-def test_up_at_once_down_after_a_run_of_quieter_intervals_to_the_most_they_wanted() -> None:
-    scaler = _fixed(Shape(1, 3), Shape(1, 2), Shape(1, 1), Shape(1, 1), Shape(2, 1))
-    current = Shape(1, 1)
+def _decisions(scaler: Autoscaler, current: Shape, count: int) -> list[tuple[Action, Shape]]:
+    """`count` decisions in a row, each applied before the next."""
     decisions = []
-    for _ in range(5):
+    for _ in range(count):
         decision = scaler.decide(_chat(1.0), current)
         decisions.append((decision.action, decision.shape))
         current = decision.shape
-    assert decisions == [
+    return decisions
+
+
+def test_up_at_once_down_after_a_run_of_quieter_intervals_to_the_most_they_wanted() -> None:
+    scaler = _fixed(Shape(1, 3), Shape(1, 2), Shape(1, 1), Shape(1, 1), Shape(2, 1))
+    assert _decisions(scaler, Shape(1, 1), 5) == [
         (Action.SCALE_UP, Shape(1, 3)),  # at once
         (Action.WAIT_DOWN, Shape(1, 3)),
         (Action.SCALE_DOWN, Shape(1, 2)),  # the most of the two quieter intervals
@@ -269,12 +281,25 @@ def test_pods_slower_than_profiled_need_more_of_them(engine: EngineConfig) -> No
 
 
 def test_raising_one_tier_keeps_the_other_only_within_max_pods() -> None:
-    scaler = _fixed(Shape(1, 3), Shape(2, 2))
+    scaler = _fixed(Shape(1, 3), Shape(1, 3), Shape(2, 2))
     assert scaler.policy.max_pods == 4
+    scaler.decide(_chat(1.0), Shape(3, 1))  # a rebalance: it waits for a second decision
     up = scaler.decide(_chat(1.0), Shape(3, 1))  # 3P3D would be six pods
     assert (up.action, up.shape) == (Action.SCALE_UP, Shape(1, 3))
     up = scaler.decide(_chat(1.0), Shape(1, 1))
     assert (up.action, up.shape) == (Action.SCALE_UP, Shape(2, 2))
+
+
+def test_pods_move_between_tiers_only_when_decisions_in_a_row_want_it() -> None:
+    """At max_pods a tier is raised by cutting the other: that waits for a second decision
+    wanting it, and a decision between that wants the current split starts over."""
+    scaler = _fixed(Shape(2, 2), Shape(3, 1), Shape(2, 2), Shape(2, 2))
+    assert _decisions(scaler, Shape(3, 1), 4) == [
+        (Action.WAIT_REBALANCE, Shape(3, 1)),
+        (Action.HOLD, Shape(3, 1)),  # the flip did not hold
+        (Action.WAIT_REBALANCE, Shape(3, 1)),
+        (Action.SCALE_UP, Shape(2, 2)),  # two in a row
+    ]
 
 
 def test_a_split_that_still_meets_is_kept_rather_than_flipped(

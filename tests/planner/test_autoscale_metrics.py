@@ -172,12 +172,15 @@ def test_arrivals_count_before_they_finish_and_outputs_fall_back_to_all_finished
     assert _by_bound(seen.output_tokens) == {128.0: 2}  # the two finished before
 
 
-def test_each_decision_sees_the_load_of_the_whole_window() -> None:
+def test_each_decision_sees_the_load_over_spans_from_the_window_to_the_lookback() -> None:
     router = FakeRouterMetrics()
-    window = ScrapeWindow(30.0, router.scrapes(at=0.0))
+    window = ScrapeWindow(30.0, 60.0, router.scrapes(at=0.0))
     seen = []
-    for at in (10.0, 20.0, 30.0, 40.0, 50.0):
+    for at in (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0):
         router.finish(prompt=50, output=20, count=1 if at == 10.0 else 0)
         seen.append(window.add(router.scrapes(at)))
-    assert [s.arrivals for s in seen] == [1, 1, 1, 0, 0]  # the arrival before 10 s, for 30 s
-    assert [s.seconds for s in seen] == [10.0, 20.0, 30.0, 30.0, 30.0]
+    spans = [[(s.seconds, s.arrivals) for s in views.spans] for views in seen]
+    assert spans[:3] == [[(10.0, 1)], [(20.0, 1)], [(30.0, 1)]]  # none a window old yet
+    assert spans[3] == [(30.0, 0), (40.0, 1)]  # the arrival before 10 s
+    assert spans[5] == [(30.0, 0), (40.0, 0), (50.0, 0), (60.0, 1)]
+    assert spans[7] == [(30.0, 0), (40.0, 0), (50.0, 0), (60.0, 0)]  # 60 s: the lookback
