@@ -36,6 +36,7 @@ from pdserve.local.status import Departure, ScaleError
 from pdserve.planner.autoscale import Action, Autoscaler, Decision, Observation, Policy, Shape
 from pdserve.planner.autoscale_apply import Applier, LocalPods, ReplicaGauges
 from pdserve.planner.autoscale_metrics import Routers, ScrapeWindow, healthy_workers, scrape
+from pdserve.planner.autoscale_view import LOOKBACK_SECONDS
 from pdserve.planner.plan import PerRequestSlo, Slo
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 
@@ -87,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lookback-seconds",
         type=float,
-        default=120.0,
+        default=LOOKBACK_SECONDS,
         help="the longer view: each decision sizes for the load of this long while the last "
         "window's arrival rate agrees with it, of the window alone once it does not "
         "(planner/autoscale_view.py)",

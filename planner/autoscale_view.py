@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 from pdserve.planner.autoscale import Observation
 
+# How far back a decision may look (`pdserve autoscale --lookback-seconds`): eight intervals of
+# 15 s, some eight arrivals of a 0.07 req/s phase.
+LOOKBACK_SECONDS = 120.0
 # The chance that a steady rate reads as changed at one decision, per tail, shared among the
 # newest parts tested (each gets its share: several looks at one history are several tests).
 CHANGED_TAIL = 0.01

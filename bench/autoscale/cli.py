@@ -3,7 +3,7 @@ shifting load, pods at a CPU limit.
 
     pdserve bench autoscale [--model PATH] [--trace FILE] [--pod-cpus 0.5] [--arms A,...]
         [--slo-tpot S] [--slo-attainment A] [--interval-seconds S]
-        [--window-seconds S] [--json]
+        [--window-seconds S] [--lookback-seconds S] [--json]
 
 Each arm is a fresh `pdserve up --netns` whose worker pods each get `--pod-cpus` cores: a fixed
 arm `1P2D` keeps 1 prefill and 2 decode pods throughout (`0PnD`: n colocated pods), the
@@ -54,6 +54,7 @@ from pdserve.bench.disagg.workload import PlannedRequest, plan_requests, point_s
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.driver import drive
 from pdserve.planner.autoscale import Shape
+from pdserve.planner.autoscale_view import LOOKBACK_SECONDS
 
 AUTOSCALE = "autoscale"
 MAX_PODS = 4
@@ -132,6 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--interval-seconds", type=float, default=15.0, help="the autoscaler's")
     parser.add_argument("--window-seconds", type=float, default=30.0, help="the autoscaler's")
+    parser.add_argument(
+        "--lookback-seconds", type=float, default=LOOKBACK_SECONDS, help="the autoscaler's"
+    )
     parser.add_argument("--max-pods", type=int, default=MAX_PODS, help="the autoscaler's")
     parser.add_argument("--seed", type=int, default=0, help="of the requests (every arm's)")
     parser.add_argument(
@@ -240,6 +244,7 @@ def _autoscale_flags(
         *("--slo-ttft", str(ttft.seconds), "--slo-ttft-per-token", str(ttft.per_prompt_token)),
         *("--interval-seconds", str(args.interval_seconds), "--max-pods", str(args.max_pods)),
         *("--window-seconds", str(args.window_seconds)),
+        *("--lookback-seconds", str(args.lookback_seconds)),
     )
 
 
