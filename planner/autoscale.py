@@ -21,16 +21,16 @@ planner corrects its prefill and decode predictions by measured / predicted; per
 simulator's pods are per tier, and a profile from another host or backend is wrong by a scale
 (costmodel/correction.py says why a ratio rather than a refit).
 
-When to act (`Autoscaler.decide`), on the arrivals of the view it is given (the lookback of a
-few minutes while the last window agrees with it, the window alone once it does not:
+When to act (`Autoscaler.decide`), on the arrivals of the view it is given (the lookback of two
+minutes while they read as one steady rate, its newest part once the rate changed there:
 planner/autoscale_view.py) read two ways:
-- up at once when the window's mean rate wants more pods in a tier (a missed SLO costs now; the
+- up at once when the view's mean rate wants more pods in a tier (a missed SLO costs now; the
   other tier kept as it is unless that passes `max_pods`);
 - down only when even the high end of the rate those arrivals allow (`Observation.rate_upper`:
   a one-sided 95 % Poisson bound; 0 once the window is idle: no arrival, stream or backlog)
   wants fewer, for `down_after` intervals in a row, to the most any of them wanted. A few
   arrivals say little about a rate: 1 in 30 s allows up to 0.16 req/s, 60 in 30 s 2.5 req/s at
-  most. So a lull between two arrivals of a low-rate phase keeps the pods, while a window that
+  most. So a lull between two arrivals of a low-rate phase keeps the pods, while a view that
   holds no trace of a busy phase lets them go at once, and the band between the two readings
   keeps a steady load from scaling up and back down;
 - pods moved between the tiers (as many or fewer in all, one tier up) only once

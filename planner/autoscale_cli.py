@@ -6,13 +6,13 @@ HorizontalPodAutoscalers (planner/autoscale_apply.py). Live KV migration makes a
 nothing either way.
 
 Every `--interval-seconds` it scrapes the router's metrics, decides on the load of the last
-`--lookback-seconds`, or of the last `--window-seconds` once their arrival rates disagree
-(planner/autoscale_view.py), scales when the decision says so (waiting until the pods are ready or
-drained) and prints one line: the view's arrival rate, streams in flight, what the load
-wanted at that rate and at its high end (`wanted_upper`, asked when the mean wanted fewer:
-planner/autoscale.py), the floor the streams need, the action, the shape, the factor each
-tier's simulated pods were corrected by (measured / predicted step time), and the workers a
-scale-in drained (`pdserve scale --json`'s departures).
+`--lookback-seconds`, or of its newest part (a `--window-seconds` or longer) once the arrival
+rate changed there (planner/autoscale_view.py), scales when the decision says so (waiting
+until the pods are ready or drained) and prints one line: the view's arrival rate, streams in
+flight, what the load wanted at that rate and at its high end (`wanted_upper`, asked when the
+mean wanted fewer: planner/autoscale.py), the floor the streams need, the action, the shape,
+the factor each tier's simulated pods were corrected by (measured / predicted step time), and
+the workers a scale-in drained (`pdserve scale --json`'s departures).
 `--dry-run` decides without scaling; `--intervals N` stops after N decisions.
 """
 
@@ -82,16 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window-seconds",
         type=float,
         default=30.0,
-        help="the last window (at least an interval; two by default): its load is what a "
-        "decision sizes for once its arrival rate differs from the lookback's",
+        help="the shortest newest part of the lookback a decision may size for (at least an "
+        "interval; two by default)",
     )
     parser.add_argument(
         "--lookback-seconds",
         type=float,
         default=LOOKBACK_SECONDS,
-        help="the longer view: each decision sizes for the load of this long while the last "
-        "window's arrival rate agrees with it, of the window alone once it does not "
-        "(planner/autoscale_view.py)",
+        help="the longer view: each decision sizes for the load of this long while its arrivals "
+        "read as one steady rate, of its newest part (a --window-seconds or longer) once they "
+        "show the rate changed there (planner/autoscale_view.py)",
     )
     parser.add_argument("--headroom", type=float, default=Policy.headroom, help="0.25: +25 %%")
     parser.add_argument("--down-after", type=int, default=Policy.down_after, help="intervals")
