@@ -24,8 +24,9 @@ simulator's pods are per tier, and a profile from another host or backend is wro
 When to act (`Autoscaler.decide`), on the arrivals of the view it is given (the lookback of two
 minutes while they read as one steady rate, its newest part once the rate changed there:
 planner/autoscale_view.py) read two ways:
-- up at once when the view's mean rate wants more pods in a tier (a missed SLO costs now; the
-  other tier kept as it is unless that passes `max_pods`);
+- up at once when the view's mean rate wants more pods in a tier, or the last window's alone
+  wants pods added (a missed SLO costs now; the other tier kept as it is unless that passes
+  `max_pods`);
 - down only when even the high end of the rate those arrivals allow (`Observation.rate_upper`:
   a one-sided 95 % Poisson bound; 0 once the window is idle: no arrival, stream or backlog)
   wants fewer, for `down_after` intervals in a row, to the most any of them wanted. A few
@@ -352,9 +353,15 @@ class Autoscaler:
             and d.placement.disagg_threshold == 0  # one per split: the cluster's rule replaces it
         ]
 
-    def decide(self, observation: Observation, current: Shape) -> Decision:
+    def decide(
+        self, observation: Observation, current: Shape, newest: Observation | None = None
+    ) -> Decision:
+        """`observation`: the view sized for; `newest`: the last window alone, when the view is
+        longer (planner/autoscale_view.py), asked only for pods to add."""
         floor = self.floor(observation)
         wanted = self._wanted(observation, observation.rate, current).at_least(floor)
+        if newest is not None and newest is not observation:
+            wanted = self._fresher(wanted, newest, current, floor)
         correction = self.correction(observation)
         if _more_in_a_tier(wanted, current):
             self._fewer_in_a_row.clear()
@@ -367,6 +374,16 @@ class Autoscaler:
         upper = self._wanted(observation, observation.rate_upper, current).at_least(floor)
         action, shape = self._down(upper, current)
         return Decision(action, shape, wanted, floor, correction, upper)
+
+    def _fresher(self, wanted: Shape, newest: Observation, current: Shape, floor: Shape) -> Shape:
+        """What the last window wants instead, when only it adds pods: a longer view dilutes
+        a phase that has just begun with the one before it (the surge's first long prompts
+        among two minutes of chat), and a missed SLO costs now; pods leave on the longer view
+        only (`_down`), so a noisy window costs a pod for an interval, not a flip."""
+        if _more_in_a_tier(wanted, current):
+            return wanted
+        fresh = self._wanted(newest, newest.rate, current).at_least(floor)
+        return fresh if self._raised(fresh, current).pods > current.pods else wanted
 
     def _up(self, raised: Shape, current: Shape) -> tuple[Action, Shape]:
         """Added pods at once (a missed SLO costs now); pods only moved between the tiers once

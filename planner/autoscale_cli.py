@@ -12,7 +12,8 @@ until the pods are ready or drained) and prints one line: the view's arrival rat
 flight, what the load wanted at that rate and at its high end (`wanted_upper`, asked when the
 mean wanted fewer: planner/autoscale.py), the floor the streams need, the action, the shape,
 the factor each tier's simulated pods were corrected by (measured / predicted step time), and
-the workers a scale-in drained (`pdserve scale --json`'s departures).
+the workers a scale-in drained (`pdserve scale --json`'s departures), and what the view and
+the last window held (`seen`, `newest`).
 `--dry-run` decides without scaling; `--intervals N` stops after N decisions.
 """
 
@@ -36,7 +37,7 @@ from pdserve.local.status import Departure, ScaleError
 from pdserve.planner.autoscale import Action, Autoscaler, Decision, Observation, Policy, Shape
 from pdserve.planner.autoscale_apply import Applier, LocalPods, ReplicaGauges
 from pdserve.planner.autoscale_metrics import Routers, ScrapeWindow, healthy_workers, scrape
-from pdserve.planner.autoscale_view import LOOKBACK_SECONDS
+from pdserve.planner.autoscale_view import LOOKBACK_SECONDS, LoadViews
 from pdserve.planner.plan import PerRequestSlo, Slo
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode
 
@@ -168,7 +169,7 @@ def _loop(args: argparse.Namespace, scaler: Autoscaler, applier: Applier, first:
         try:
             now = scrape(args.metrics_url, time.monotonic())
             current = applier.current()  # locally: whoever scaled it last
-            _step(args, scaler, applier, window.add(now).steady(), current)
+            _step(args, scaler, applier, window.add(now), current)
         except NoClusterError:  # the cluster stopped (a ConnectionError, so before OSError)
             raise
         except (ScaleError, TimeoutError, OSError) as error:  # this interval's; the next retries
@@ -215,19 +216,24 @@ def _step(
     args: argparse.Namespace,
     scaler: Autoscaler,
     applier: Applier,
-    seen: Observation,
+    views: LoadViews,
     current: Shape,
 ) -> None:
-    decision = scaler.decide(seen, current)
+    seen, newest = views.steady(), views.spans[0]
+    decision = scaler.decide(seen, current, newest)
     applier.record(decision)
     departures: tuple[Departure, ...] = ()
     if decision.action in SCALES and not args.dry_run:
         current, departures = applier.apply(decision.shape)
-    _print(seen, decision, current, departures)
+    _print(seen, newest, decision, current, departures)
 
 
 def _print(
-    seen: Observation, decision: Decision, now: Shape, departures: tuple[Departure, ...]
+    seen: Observation,
+    newest: Observation,
+    decision: Decision,
+    now: Shape,
+    departures: tuple[Departure, ...],
 ) -> None:
     row = {
         "rate": round(seen.rate, 3),
@@ -243,6 +249,7 @@ def _print(
         },
         "departures": [dataclasses.asdict(departure) for departure in departures],
         "seen": seen_record(seen),
+        "newest": seen_record(newest),
     }
     print(json.dumps(row), flush=True)
 

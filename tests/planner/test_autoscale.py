@@ -290,6 +290,26 @@ def test_raising_one_tier_keeps_the_other_only_within_max_pods() -> None:
     assert (up.action, up.shape) == (Action.SCALE_UP, Shape(2, 2))
 
 
+def test_the_last_window_alone_may_add_pods_but_not_move_or_remove_them() -> None:
+    """A phase that has just begun is diluted in the longer view: what the last window wants
+    counts when it adds pods, and only then."""
+    view, newest = _chat(0.1, seconds=120.0), _chat(0.3)
+    wants = {id(view): Shape(1, 1), id(newest): Shape(2, 1)}
+    scaler = Autoscaler(
+        load_profile(PROFILE_OTHER_HOST),
+        EngineConfig(max_num_seqs=8),
+        PlacementConfig(),
+        SLO,
+        wanted=lambda observation, rate, keep: wants[id(observation)],
+    )
+    up = scaler.decide(view, Shape(1, 1), newest)
+    assert (up.action, up.shape, up.wanted) == (Action.SCALE_UP, Shape(2, 1), Shape(2, 1))
+    assert scaler.decide(view, Shape(1, 1)).action == Action.HOLD  # the view alone
+    assert scaler.decide(view, Shape(1, 1), view).action == Action.HOLD  # the view is the window
+    wants.update({id(view): Shape(3, 1), id(newest): Shape(2, 2)})  # at max_pods: a move
+    assert scaler.decide(view, Shape(3, 1), newest).action == Action.HOLD
+
+
 def test_pods_move_between_tiers_only_when_decisions_in_a_row_want_it() -> None:
     """At max_pods a tier is raised by cutting the other: that waits for a second decision
     wanting it, and a decision between that wants the current split starts over."""
