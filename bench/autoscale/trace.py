@@ -12,7 +12,9 @@ quiet, six minutes each; `--minutes` scales every phase's length alike (the rate
     pdserve bench make-autoscale-trace [--minutes 24] [--out FILE]
 
 Rates and SLOs are sized for four 0.5-CPU pods on a 2-core host of this project's kind (PHASES
-says how): the busy phases need four of them, in different splits, the quiet ones two.
+says how): the simulator predicted that the busy phases need four of them, in different splits,
+and the quiet ones two; measured on the full trace, three (2P1D) attain every phase
+(docs/autoscaling.md).
 """
 
 from __future__ import annotations
