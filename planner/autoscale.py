@@ -27,12 +27,12 @@ planner/autoscale_view.py) read two ways:
 - up at once when the view's mean rate wants more pods in a tier, or the last window's alone
   wants pods added (a missed SLO costs now; the other tier kept as it is unless that passes
   `max_pods`);
-- down only when even the high end of the rate those arrivals allow (`Observation.rate_upper`:
-  a one-sided 95 % Poisson bound; 0 once the window is idle: no arrival, stream or backlog)
-  wants fewer, for `down_after` intervals in a row, to the most any of them wanted. A few
-  arrivals say little about a rate: 1 in 30 s allows up to 0.16 req/s, 60 in 30 s 2.5 req/s at
-  most. So a lull between two arrivals of a low-rate phase keeps the pods, while a view that
-  holds no trace of a busy phase lets them go at once, and the band between the two readings
+- down only when even the high end of the rate those arrivals allow (`Observation.rate_upper`,
+  planner/autoscale_observation.py: a one-sided 95 % Poisson bound; 0 once the window is idle: no
+  arrival, stream or backlog) wants fewer, for `down_after` intervals in a row, to the most any of
+  them wanted. A few arrivals say little about a rate: 1 in 30 s allows up to 0.16 req/s, 60 in 30 s
+  2.5 req/s at most. So a lull between two arrivals of a low-rate phase keeps the pods, while a view
+  that holds no trace of a busy phase lets them go at once, and the band between the two readings
   keeps a steady load from scaling up and back down;
 - pods moved between the tiers (as many or fewer in all, one tier up) only once
   `rebalance_after` decisions in a row wanted that: near capacity the simulated verdict on two
@@ -49,12 +49,13 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from pdserve.core.config import EngineConfig
 from pdserve.costmodel.correction import MIN_STEPS, StepWindow, predicted_seconds
 from pdserve.costmodel.profile import Profile
+from pdserve.planner.autoscale_observation import Observation
 from pdserve.planner.plan import Candidate, SearchSpace, Slo, deployments, evaluate
 from pdserve.planner.sim_cluster import Deployment
 from pdserve.planner.workload import TraceRequest
@@ -77,76 +78,6 @@ class Shape:
 
     def __str__(self) -> str:
         return f"{self.prefill}P{self.decode}D"
-
-
-@dataclass(frozen=True)
-class LengthHistogram:
-    """Cumulative-free bucket counts: `counts[i]` requests had a length in
-    (`bounds[i - 1]`, `bounds[i]`] (the first bucket from 1)."""
-
-    bounds: tuple[float, ...]
-    counts: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.bounds) != len(self.counts):
-            raise ValueError("bounds, counts: one count per bucket")
-
-    @property
-    def total(self) -> float:
-        return sum(self.counts)
-
-    def draw(self, rng: random.Random) -> int:
-        """A length from the histogram: a bucket by its count, uniform within it."""
-        (index,) = rng.choices(range(len(self.counts)), weights=self.counts)
-        low = 1 if index == 0 else math.floor(self.bounds[index - 1]) + 1
-        high = max(low, math.floor(self.bounds[index]))
-        return rng.randint(low, high)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One interval of the router's metrics (deltas over `seconds`)."""
-
-    seconds: float
-    arrivals: float  # streams admitted in the interval: the rate's numerator
-    prompt_tokens: LengthHistogram
-    output_tokens: LengthHistogram
-    in_flight: int  # streams running at its end
-    # Each tier's workers' recent steps, as the router last heard them ("prefill"/"decode" ->
-    # every worker's windows; none: the profile stays uncorrected).
-    step_windows: Mapping[str, tuple[StepWindow, ...]] = field(default_factory=dict)
-    # Prompt tokens accepted by the workers and not yet computed at its end: a backlog that the
-    # arrival rate alone does not show (at 0.07 req/s a 30 s window holds one or two arrivals
-    # while long prompts queue for half a minute).
-    pending_prompt_tokens: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.arrivals / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def rate_upper(self) -> float:
-        """The highest rate the window's arrivals allow at one-sided 95 %; 0 for an idle window
-        (no arrival, no stream, no backlog: the load is over, whatever a rate could still be)."""
-        if self.idle or self.seconds <= 0:
-            return 0.0
-        return poisson_upper(self.arrivals) / self.seconds
-
-    @property
-    def idle(self) -> bool:
-        return not self.arrivals and not self.in_flight and not self.pending_prompt_tokens
-
-
-# One-sided 95 %: the normal quantile (Wilson and Hilferty's cube-root approximation of the Poisson
-# bound, within 1 % of the exact chi-square one from 0 events on; no scipy for one number).
-UPPER_Z = 1.6449
-
-
-def poisson_upper(events: float) -> float:
-    """The largest Poisson mean under which seeing at most `events` has 5 % probability or more
-    (0 events: 3.0; 10: 17.0)."""
-    n = events + 1
-    return n * (1 - 1 / (9 * n) + UPPER_Z / (3 * math.sqrt(n))) ** 3
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,10 @@ from pdserve.costmodel.profile import ProfileError, load_profile
 from pdserve.local.cpu_limit import pod_cpus
 from pdserve.local.scale_control import NoClusterError
 from pdserve.local.status import Departure, ScaleError
-from pdserve.planner.autoscale import Action, Autoscaler, Decision, Observation, Policy, Shape
+from pdserve.planner.autoscale import Action, Autoscaler, Decision, Policy, Shape
 from pdserve.planner.autoscale_apply import Applier, LocalPods, ReplicaGauges
 from pdserve.planner.autoscale_metrics import Routers, ScrapeWindow, healthy_workers, scrape
+from pdserve.planner.autoscale_observation import Observation
 from pdserve.planner.autoscale_view import LOOKBACK_SECONDS, LoadViews
 from pdserve.planner.plan import PerRequestSlo, Slo
 from pdserve.router.placement.prefill_place import PlacementConfig, PlacementMode

@@ -28,7 +28,7 @@ from prometheus_client.samples import Sample
 
 from pdserve.costmodel.correction import StepPhase, StepWindow
 from pdserve.costmodel.step_shape import StepShape
-from pdserve.planner.autoscale import LengthHistogram, Observation
+from pdserve.planner.autoscale_observation import LengthHistogram, Observation
 from pdserve.planner.autoscale_view import LoadViews
 
 PROMPT_TOKENS = "pdserve_router_admitted_prompt_tokens"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pdserve.planner.autoscale import Observation
+from pdserve.planner.autoscale_observation import Observation
 
 # How far back a decision may look (`pdserve autoscale --lookback-seconds`): eight intervals of
 # 15 s, some eight arrivals of a 0.07 req/s phase.

@@ -16,17 +16,9 @@ from pdserve.costmodel.correction import StepPhase, StepWindow, predicted_second
 from pdserve.costmodel.profile import CostModel, load_profile
 from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner import autoscale
-from pdserve.planner.autoscale import (
-    Action,
-    Autoscaler,
-    LengthHistogram,
-    Observation,
-    Policy,
-    Shape,
-    poisson_upper,
-    trace,
-)
+from pdserve.planner.autoscale import Action, Autoscaler, Policy, Shape, trace
 from pdserve.planner.autoscale_cli import seen_record
+from pdserve.planner.autoscale_observation import LengthHistogram, Observation, poisson_upper
 from pdserve.planner.plan import Candidate, PerRequestSlo, Slo, evaluate
 from pdserve.planner.sim_cluster import Deployment
 from pdserve.planner.workload import TraceRequest

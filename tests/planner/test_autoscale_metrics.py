@@ -12,7 +12,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge, Histogram, gen
 from pdserve.core.serving.step_window_proto import step_windows_to_proto
 from pdserve.costmodel.correction import StepPhase, StepWindow
 from pdserve.costmodel.step_shape import StepShape
-from pdserve.planner.autoscale import LengthHistogram, Observation
 from pdserve.planner.autoscale_metrics import (
     IN_FLIGHT,
     OUTPUT_TOKENS,
@@ -21,6 +20,7 @@ from pdserve.planner.autoscale_metrics import (
     ScrapeWindow,
     observation,
 )
+from pdserve.planner.autoscale_observation import LengthHistogram, Observation
 from pdserve.router import metrics as router_metrics
 from pdserve.router import step_gauges
 from pdserve.v1 import common_pb2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.planner.autoscale import LengthHistogram, Observation
+from pdserve.planner.autoscale_observation import LengthHistogram, Observation
 from pdserve.planner.autoscale_view import LoadViews, rate_tail
 
 BOUNDS = (64.0, 1024.0)

@@ -1,0 +1,83 @@
+"""What the autoscaler observes of the load: one span of the routers' metrics (arrivals, the
+prompt and output length histograms, the streams in flight, the workers' backlog and recent
+steps: planner/autoscale_metrics.py reads them) and the highest arrival rate its arrivals allow.
+planner/autoscale.py sizes for it; planner/autoscale_view.py chooses which span."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pdserve.costmodel.correction import StepWindow
+
+
+@dataclass(frozen=True)
+class LengthHistogram:
+    """Cumulative-free bucket counts: `counts[i]` requests had a length in
+    (`bounds[i - 1]`, `bounds[i]`] (the first bucket from 1)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.bounds) != len(self.counts):
+            raise ValueError("bounds, counts: one count per bucket")
+
+    @property
+    def total(self) -> float:
+        return sum(self.counts)
+
+    def draw(self, rng: random.Random) -> int:
+        """A length from the histogram: a bucket by its count, uniform within it."""
+        (index,) = rng.choices(range(len(self.counts)), weights=self.counts)
+        low = 1 if index == 0 else math.floor(self.bounds[index - 1]) + 1
+        high = max(low, math.floor(self.bounds[index]))
+        return rng.randint(low, high)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One interval of the router's metrics (deltas over `seconds`)."""
+
+    seconds: float
+    arrivals: float  # streams admitted in the interval: the rate's numerator
+    prompt_tokens: LengthHistogram
+    output_tokens: LengthHistogram
+    in_flight: int  # streams running at its end
+    # Each tier's workers' recent steps, as the router last heard them ("prefill"/"decode" ->
+    # every worker's windows; none: the profile stays uncorrected).
+    step_windows: Mapping[str, tuple[StepWindow, ...]] = field(default_factory=dict)
+    # Prompt tokens accepted by the workers and not yet computed at its end: a backlog that the
+    # arrival rate alone does not show (at 0.07 req/s a 30 s window holds one or two arrivals
+    # while long prompts queue for half a minute).
+    pending_prompt_tokens: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.arrivals / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def rate_upper(self) -> float:
+        """The highest rate the window's arrivals allow at one-sided 95 %; 0 for an idle window
+        (no arrival, no stream, no backlog: the load is over, whatever a rate could still be)."""
+        if self.idle or self.seconds <= 0:
+            return 0.0
+        return poisson_upper(self.arrivals) / self.seconds
+
+    @property
+    def idle(self) -> bool:
+        return not self.arrivals and not self.in_flight and not self.pending_prompt_tokens
+
+
+# One-sided 95 %: the normal quantile (Wilson and Hilferty's cube-root approximation of the Poisson
+# bound, within 1 % of the exact chi-square one from 0 events on; no scipy for one number).
+UPPER_Z = 1.6449
+
+
+def poisson_upper(events: float) -> float:
+    """The largest Poisson mean under which seeing at most `events` has 5 % probability or more
+    (0 events: 3.0; 10: 17.0)."""
+    n = events + 1
+    return n * (1 - 1 / (9 * n) + UPPER_Z / (3 * math.sqrt(n))) ** 3
