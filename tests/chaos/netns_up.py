@@ -205,6 +205,7 @@ class Autoscale:
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        self._started = time.monotonic()
         self.rows: list[dict[str, Any]] = []
         self.other_lines: list[str] = []  # what it said beside its rows (errors)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -214,7 +215,9 @@ class Autoscale:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             if line.startswith("{"):
-                self.rows.append(json.loads(line))
+                row = json.loads(line)
+                row["read_at"] = time.monotonic() - self._started  # when the test saw it
+                self.rows.append(row)
             else:
                 self.other_lines.append(line.rstrip())
 
@@ -227,7 +230,12 @@ class Autoscale:
                     return row
             assert self.process.poll() is None, self.other_lines[-20:]
             time.sleep(0.2)
-        raise AssertionError(f"no {action} to {shape} in {timeout_s:.0f} s: {self.rows}")
+        rows = "\n".join(_decision_line(row) for row in self.rows)
+        said = "\n".join(self.other_lines[-20:])
+        raise AssertionError(
+            f"no {action} to {shape} in {timeout_s:.0f} s; its decisions:\n{rows}\n"
+            f"beside them:\n{said}"
+        )
 
     def stop(self, timeout_s: float = 60.0) -> int:
         """Ctrl-C; its exit code (one still running after `timeout_s` is killed: left running, it
@@ -244,3 +252,14 @@ class Autoscale:
             ) from None
         self._reader.join(timeout=5)
         return code
+
+
+def _decision_line(row: dict[str, Any]) -> str:
+    """One decision in a line (its rows carry histograms too long to read in a failure)."""
+    seen, newest = row["seen"], row["newest"]
+    return (
+        f"at {row['read_at']:7.1f} s {row['action']:>14} -> {row['shape']} wanted {row['wanted']}"
+        f" (upper {row['wanted_upper']}, floor {row['floor']}) rate {row['rate']}"
+        f" in flight {row['in_flight']}; seen {seen['arrivals']:.0f} in {seen['seconds']} s,"
+        f" newest {newest['arrivals']:.0f} in {newest['seconds']} s; left {row['departures']}"
+    )
