@@ -131,6 +131,9 @@ def _check_counts(config: LoadConfig) -> None:
         raise LoadConfigError(f"skipFirst: cannot skip more than total ({config.total}) calls")
     if config.connections > config.concurrency:
         raise LoadConfigError("connections: must be <= concurrency")
+    counted = config.rps > 0 and config.total > 0 and config.duration_s == 0
+    if config.load_schedule is LoadSchedule.POISSON_WINDOW and not counted:
+        raise LoadConfigError('load-schedule: "poisson-window" needs rps and total, no duration')
     if not config.host:
         raise LoadConfigError("host: missing (set it in the config or pass --host)")
 
@@ -224,10 +227,12 @@ def _duration_stop(raw: Mapping[str, Any]) -> DurationStop:
 
 
 def _load_schedule(raw: Mapping[str, Any]) -> LoadSchedule:
-    """ghz's "const" (its step and line schedules are not reproduced) or pdserve's "poisson"."""
+    """ghz's "const" (its step and line schedules are not reproduced) or pdserve's "poisson" and
+    "poisson-window" (the latter a count of requests at a rate: `total` and `rps`, no duration)."""
     text = _string(raw, "load-schedule", "const")
     if text not in {schedule.value for schedule in LoadSchedule}:
-        raise LoadConfigError(f'load-schedule: "const" or "poisson", got {text!r}')
+        choices = ", ".join(f'"{schedule.value}"' for schedule in LoadSchedule)
+        raise LoadConfigError(f"load-schedule: one of {choices}, got {text!r}")
     return LoadSchedule(text)
 
 

@@ -146,7 +146,8 @@ async def drive(config: LoadConfig, progress: Progress | None = None) -> RunOutc
     messages = build_messages(config.method, config.data)
     clients = [GenerationClient(open_channel(config)) for _ in range(config.connections)]
     limit = None if config.duration_s > 0 else config.total
-    slots = _Slots(limit, ArrivalSchedule(config.rps, config.load_schedule, config.schedule_seed))
+    schedule = ArrivalSchedule(config.rps, config.load_schedule, config.schedule_seed, config.total)
+    slots = _Slots(limit, schedule)
     run = _Run(config, messages, clients, slots, progress or Progress(None), [])
     started_at, started_ns = time.time(), time.perf_counter_ns()
     try:

@@ -53,6 +53,7 @@ from pdserve.bench.disagg.send import plan_load, send_plan
 from pdserve.bench.disagg.workload import PlannedRequest, plan_requests, point_seed
 from pdserve.loadtest.calls import CallResult
 from pdserve.loadtest.driver import drive
+from pdserve.loadtest.schedule import LoadSchedule
 from pdserve.planner.autoscale import Shape
 from pdserve.planner.autoscale_view import LOOKBACK_SECONDS
 
@@ -258,8 +259,10 @@ def _stop_autoscaler(autoscaler: Autoscaler) -> list[ScaleRow]:
 def _serve_phases(
     router: str, phases: Sequence[Phase], plans: Sequence[tuple[PlannedRequest, ...]]
 ) -> tuple[list[Window], list[tuple[CallResult, ...]]]:
-    """Each phase's requests from its start on (the previous phase's may still run), all of
-    them to the end, in one event loop."""
+    """Each phase's requests at Poisson times within its span (`poisson-window`: with free gaps
+    the shipped trace's surge ran 27 s into the high phase and the high phase 9 s into the quiet
+    one, whose scale-in was then timed from the wrong start), streams of the previous phase still
+    running; all of them to the end, in one event loop."""
     start = time.monotonic()
     windows, offset = [], 0.0
     for phase in phases:
@@ -269,7 +272,8 @@ def _serve_phases(
     async def serve(index: int) -> tuple[CallResult, ...]:
         await asyncio.sleep(max(0.0, windows[index].start - time.monotonic()))
         seed = index + 1  # each phase its own arrivals, the same for every arm
-        config = plan_load(router, plans[index], phases[index].rate, seed)
+        rate = len(plans[index]) / phases[index].seconds  # the window: exactly the phase
+        config = plan_load(router, plans[index], rate, seed, schedule=LoadSchedule.POISSON_WINDOW)
         return (await drive(config)).results
 
     async def every_phase() -> list[tuple[CallResult, ...]]:

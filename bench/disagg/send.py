@@ -25,12 +25,15 @@ def plan_load(
     with_slo: bool = False,
     metadata: tuple[tuple[str, str], ...] = (),
     id_prefix: str | None = None,
+    schedule: LoadSchedule = LoadSchedule.POISSON,
 ) -> LoadConfig:
     """The load runner's config that streams every planned request through the router at
     Poisson arrivals (or all at once: no rate), for `send_plan` (or several gathered in one event
     loop, `drive` of each). `with_slo`: each carries its class's TTFT SLO as its own
     (`GenerateRequest.slo`, what the router's admission judges); `metadata` goes with every
-    call (e.g. a tenant header); `id_prefix`: request i carries `request_id` prefix + i."""
+    call (e.g. a tenant header); `id_prefix`: request i carries `request_id` prefix + i;
+    `schedule`: free Poisson gaps, or the plan's arrivals held within len(plan) / rate seconds
+    (`poisson-window`: a trace's phase)."""
     return LoadConfig(
         method=Method.GENERATE_STREAM,
         host=host,
@@ -41,7 +44,7 @@ def plan_load(
         total=len(plan),
         concurrency=len(plan),  # open loop: no worker is ever the bottleneck
         rps=rate or 0.0,
-        load_schedule=LoadSchedule.POISSON,
+        load_schedule=schedule,
         schedule_seed=schedule_seed,
         timeout_s=900.0,
         insecure=True,

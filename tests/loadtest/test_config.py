@@ -128,6 +128,23 @@ def test_const_schedule_is_ghz_pacer() -> None:
     assert ArrivalSchedule(0.0).offset(7) is None  # no rate: every call at once
 
 
+def test_a_poisson_window_schedule_ends_with_its_span() -> None:
+    """`total` arrivals at `rps` fall within total / rps seconds (a trace's phase), scattered as
+    a Poisson process's are given their count: seeded, in order, bursts and lulls."""
+    config = config_from_dict({**BASE, "rps": 2, "total": 180, "load-schedule": "poisson-window"})
+    schedule = ArrivalSchedule(2.0, config.load_schedule, 3, config.total)
+    offsets = [schedule.offset(i) or 0.0 for i in range(180)]
+    assert offsets == sorted(offsets) and offsets[0] >= 0 and offsets[-1] < 90.0
+    assert offsets[-1] > 85.0 and offsets[0] < 5.0  # the span is used to its ends
+    again = ArrivalSchedule(2.0, LoadSchedule.POISSON_WINDOW, 3, 180)
+    assert offsets == [again.offset(i) for i in range(180)]
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert min(gaps) < 0.02 and max(gaps) > 1.5
+    for missing in ({"rps": 0, "total": 10}, {"rps": 2, "total": 10, "duration": "10s"}):
+        with pytest.raises(LoadConfigError, match="poisson-window"):
+            config_from_dict({**BASE, **missing, "load-schedule": "poisson-window"})
+
+
 def test_poisson_schedule_is_seeded_with_the_configured_mean_rate() -> None:
     config = config_from_dict({**BASE, "rps": 4, "load-schedule": "poisson"})
     assert config.load_schedule is LoadSchedule.POISSON
