@@ -141,8 +141,14 @@ def open_channel(config: LoadConfig) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(config.host, credentials, options=options)
 
 
-async def drive(config: LoadConfig, progress: Progress | None = None) -> RunOutcome:
-    """Run the load described by `config` and return every counted call."""
+async def drive(
+    config: LoadConfig, progress: Progress | None = None, *, interruptible: bool = False
+) -> RunOutcome:
+    """Run the load described by `config` and return every counted call. `interruptible`: Ctrl-C
+    ends the run with the calls so far (EndReason.CANCEL, as ghz reports it), for `pdserve
+    loadtest`; otherwise Ctrl-C is left to the program, as a benchmark needs (it ran several
+    drives in one loop, and each took Ctrl-C for itself: one phase ended, the others and their
+    pods went on)."""
     messages = build_messages(config.method, config.data)
     clients = [GenerationClient(open_channel(config)) for _ in range(config.connections)]
     limit = None if config.duration_s > 0 else config.total
@@ -151,7 +157,7 @@ async def drive(config: LoadConfig, progress: Progress | None = None) -> RunOutc
     run = _Run(config, messages, clients, slots, progress or Progress(None), [])
     started_at, started_ns = time.time(), time.perf_counter_ns()
     try:
-        end_reason = await _run_until_done(run)
+        end_reason = await _run_until_done(run, interruptible)
     finally:
         for client in clients:
             await client.close()
@@ -159,7 +165,7 @@ async def drive(config: LoadConfig, progress: Progress | None = None) -> RunOutc
     return RunOutcome(tuple(run.results), total_ns, end_reason, started_at)
 
 
-async def _run_until_done(run: _Run) -> EndReason:
+async def _run_until_done(run: _Run, interruptible: bool) -> EndReason:
     config = run.config
     workers = [asyncio.create_task(run.worker(i)) for i in range(config.concurrency)]
     all_done = asyncio.gather(*workers)
@@ -167,8 +173,9 @@ async def _run_until_done(run: _Run) -> EndReason:
     interrupt_wait = asyncio.create_task(interrupted.wait())
     redraw = asyncio.create_task(run.progress.redraw_forever())
     loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    if interruptible:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGINT, interrupted.set)
     deadline = config.duration_s or config.max_duration_s or None
     try:
         stop_signals: set[asyncio.Future[Any]] = {all_done, interrupt_wait}
@@ -180,8 +187,9 @@ async def _run_until_done(run: _Run) -> EndReason:
         await _stop(run, workers, wait=reason is EndReason.TIMEOUT and _waits(config))
         return reason
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)
+        if interruptible:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGINT)
         for task in (interrupt_wait, redraw):
             task.cancel()
         run.progress.finish()

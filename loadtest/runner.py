@@ -67,7 +67,7 @@ async def _execute(
             plot_sweep(points, plot_path)
         document: dict[str, Any] = sweep_document(points)
         return document
-    outcome = await drive(config, Progress(progress_stream))
+    outcome = await drive(config, Progress(progress_stream), interruptible=True)
     report: dict[str, Any] = build_report(config, outcome, targets)
     if plot_path is not None:
         plot_report(report, plot_path)

@@ -45,7 +45,7 @@ async def sweep(
         if progress_stream is not None:
             progress_stream.write(f"--- offered load {rate:g} rps\n")
         run_config = replace(config, rps=rate)
-        outcome = await drive(run_config, Progress(progress_stream))
+        outcome = await drive(run_config, Progress(progress_stream), interruptible=True)
         points.append(SweepPoint(rate, build_report(run_config, outcome, targets)))
     return points
 
