@@ -8,10 +8,11 @@ shifting load, pods at a CPU limit.
 Each arm is a fresh `pdserve up --netns` whose worker pods each get `--pod-cpus` cores: a fixed
 arm `1P2D` keeps 1 prefill and 2 decode pods throughout (`0PnD`: n colocated pods), the
 `autoscale` arm starts at 1P1D with `pdserve autoscale --port` beside it (this host's profile,
-corrected as it runs; at most --max-pods pods). Every arm is warmed up, then serves the same
-requests: the trace's phases one after another, each a Poisson process at its rate over its mix
-(bench/autoscale/trace.py; the shipped trace by default). Arms run one after another, in the
-order given.
+corrected as it runs; at most --max-pods pods), and keeps a prefill tier; `autoscale-colocated`
+starts at 0P1D and adds and removes colocated pods. Every arm is warmed up, then serves the same
+requests: the trace's phases one after another, each its requests at Poisson times within it
+over its mix (bench/autoscale/trace.py; the shipped trace by default). Arms run one after
+another, in the order given.
 
 One row per arm and phase: `{"arm", "phase", "attainment", "goodput", "pod_seconds":
 {"prefill", "decode"}, "scale_events", "streams_migrated", "requests_lost", "requests",
@@ -58,6 +59,11 @@ from pdserve.planner.autoscale import Shape
 from pdserve.planner.autoscale_view import LOOKBACK_SECONDS
 
 AUTOSCALE = "autoscale"
+AUTOSCALE_COLOCATED = "autoscale-colocated"
+# Where each autoscaling arm starts: with a prefill tier, which it keeps (`pdserve scale` moves
+# pods between tiers, never to no prefill tier), or colocated, where every pod prefills and
+# decodes and the autoscaler adds and removes such pods (0P1D is as few as a cluster runs).
+AUTOSCALED_FROM = {AUTOSCALE: Shape(1, 1), AUTOSCALE_COLOCATED: Shape(0, 1)}
 MAX_PODS = 4
 WARMUP_REQUESTS = 4
 ATTAINED = 0.9
@@ -87,7 +93,7 @@ def parse_shape(name: str) -> Shape:
 def parse_arms(text: str) -> list[str]:
     arms = [part.strip() for part in text.split(",") if part.strip()]
     for arm in arms:
-        if arm != AUTOSCALE:
+        if arm not in AUTOSCALED_FROM:
             parse_shape(arm)
     return arms
 
@@ -119,7 +125,7 @@ class Window:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    default_arms = ",".join([AUTOSCALE, *(str(shape) for shape in fixed_shapes())])
+    default_arms = ",".join([*AUTOSCALED_FROM, *(str(shape) for shape in fixed_shapes())])
     parser.add_argument("--model", type=Path, default=None, help="default: the embedded model")
     parser.add_argument("--trace", type=Path, default=None, help="default: the shipped one")
     parser.add_argument("--pod-cpus", type=float, default=0.5, help="each worker pod's cores")
@@ -180,14 +186,14 @@ def _run_arm(
     warmup: tuple[PlannedRequest, ...],
     profile: Path,
 ) -> list[PhaseRow]:
-    shape = Shape(1, 1) if arm == AUTOSCALE else parse_shape(arm)
+    shape = AUTOSCALED_FROM[arm] if arm in AUTOSCALED_FROM else parse_shape(arm)
     log_dir = None if args.log_dir is None else args.log_dir / arm
     up = Up(model_dir, shape, args.pod_cpus, log_dir)
     autoscaler: Autoscaler | None = None
     try:
         router = up.wait_ready()
         send_plan(plan_load(router, warmup, rate=None, schedule_seed=0))
-        if arm == AUTOSCALE:
+        if arm in AUTOSCALED_FROM:
             autoscaler = Autoscaler(router, _autoscale_flags(args, profile, phases))
         sampler = Sampler(router)
         windows, results = _serve_phases(router, phases, plans)

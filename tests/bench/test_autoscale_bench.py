@@ -11,6 +11,7 @@ import pytest
 
 from pdserve.bench.autoscale.cli import (
     AUTOSCALE,
+    AUTOSCALE_COLOCATED,
     PhaseRow,
     Window,
     _row,
@@ -36,6 +37,7 @@ def test_the_fixed_arms_are_every_deployment_of_up_to_four_pods() -> None:
     )
     assert parse_shape("2P1D") == Shape(2, 1)
     assert parse_arms(f"{AUTOSCALE}, 1P2D") == [AUTOSCALE, "1P2D"]
+    assert parse_arms(f"{AUTOSCALE_COLOCATED},0P2D") == [AUTOSCALE_COLOCATED, "0P2D"]
     for bad in ("1P0D", "P2D", "1X2", "1P2"):
         with pytest.raises(argparse.ArgumentTypeError, match=bad):
             parse_arms(bad)
