@@ -189,7 +189,10 @@ class RemotePrefill:
             if error.code() in _RESERVE_CUT_SHORT:
                 self.aborts.later(decode, request.request_id)
             pool = self.registry.decode
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
+            # A draining worker refuses new reservations with UNAVAILABLE too, yet still holds
+            # the ones whose prompts wait in the prefill queue: marked dead, those would be
+            # prefilled again elsewhere, not redirected (its next Load says it drains).
+            if error.code() == grpc.StatusCode.UNAVAILABLE and await self._is_gone(decode):
                 pool.mark_unhealthy(decode)
             if error.code() in _RETRY_RESERVE and pool.has_untried(tried):
                 raise RetryableError(Tier.DECODE, error) from error
@@ -324,9 +327,9 @@ class RemotePrefill:
         return moved
 
     async def _is_gone(self, decode: Worker[DecodeAsyncStub]) -> bool:
-        """Whether the decode worker a Prefill was sending KV to refuses a Load now (a dead
-        process): then the Prefill's UNAVAILABLE was its transfer's, and the prefill worker is
-        as healthy as before."""
+        """Whether `decode` refuses a Load now (a dead process). Then a Prefill's UNAVAILABLE
+        was its KV transfer's (the prefill worker is as healthy as before), and a Reserve's was
+        its death, not its drain."""
         try:
             await decode.stub.Load(
                 common_pb2.LoadRequest(), timeout=self.config.load_timeout_seconds

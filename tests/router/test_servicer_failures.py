@@ -317,3 +317,23 @@ def test_no_healthy_worker_is_unavailable(router_stack: Any) -> None:
             assert reply.finish_reason == common_pb2.FINISH_REASON_LENGTH
 
     asyncio.run(body())
+
+
+def test_a_reserve_refused_by_a_draining_worker_leaves_it_healthy(router_stack: Any) -> None:
+    """A draining decode worker refuses new reservations with UNAVAILABLE but answers Load: it
+    is not marked dead (its reservations still queued for prefill are redirected, not prefilled
+    again); the request is reserved on the other worker."""
+
+    async def body() -> None:
+        async with router_stack(num_decode=2) as stack:
+            draining, other = stack.tiers.decode
+            refusal = Failure(grpc.StatusCode.UNAVAILABLE, "this worker is draining")
+            draining.knobs.failures.append(refusal)
+            other.knobs.load.num_running = 3  # so the router reserves on the draining one first
+            await stack.registry.poll()
+            reply = await stack.client.generate(build_request([1]), timeout=10)
+            assert reply.finish_reason == common_pb2.FINISH_REASON_LENGTH
+            assert (len(draining.reserves), len(other.reserves)) == (1, 1)
+            assert stack.registry.decode.healthy_count() == 2
+
+    asyncio.run(body())
