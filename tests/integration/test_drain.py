@@ -22,24 +22,40 @@ from .helpers import greedy_outputs, labelled_metric, load, wait_all_blocks_free
 pytestmark = pytest.mark.integration
 
 
+# One prompt at a time on each prefill worker, 32 tokens a step: a queue of seconds, so that a
+# decode worker drains while prompts reserved on it still wait there.
+SLOW_PREFILL = ("--max-num-seqs", "1", "--max-num-batched-tokens", "32")
+
+
 @pytest.fixture(scope="module")
-def two_prefill_one_decode(
+def two_prefill_two_decode(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    """One cluster for both drains, in file order: prefill-0's, then decode-0's (prefill-1
-    serves its prompt). No prefix cache: the prompts repeat, and each must be prefilled whole.
-    A grace its prompts fit in on a busy 2-core host (5 s did not, with other clusters running):
-    each worker must exit once idle, well before it."""
+    """One cluster for the three drains, in file order: a prefill worker's (the other serves
+    on), a decode worker's with prompts queued for it (the other takes them), then the last
+    decode worker's stream. No prefix cache: the prompts repeat, and each must be prefilled
+    whole. A grace its prompts fit in on a busy 2-core host (5 s did not, with other clusters
+    running): each worker must exit once idle, well before it. The router learns of a drain at
+    its next Load poll; a decode worker's whole prefill queue takes 1-2 s on the current engine,
+    so the default 0.5 s poll could find every prompt reserved on it already started (0
+    redirects, seen in suite runs)."""
     cluster = start_cluster(
         model_dir,
         tmp_path_factory.mktemp("drain-logs"),
         num_prefill=2,
-        num_decode=1,
+        num_decode=2,
         worker_args=(*WORKER_ARGS, "--no-prefix-cache"),
+        prefill_args=SLOW_PREFILL,
         drain_grace_seconds=60.0,
+        router_args=("--load-poll-interval-seconds", "0.1"),
     )
     yield cluster
     cluster.stop()
+
+
+def _serving(processes: list[Process]) -> list[Process]:
+    """The processes of a tier that have not exited (an earlier drain's has)."""
+    return [process for process in processes if process.popen.poll() is None]
 
 
 async def _reserve_status(address: str) -> grpc.StatusCode:
@@ -58,47 +74,23 @@ async def _reserve_status(address: str) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-PREFILL_REQUESTS = 8  # four per prefill worker: some wait while one runs
+PREFILL_REQUESTS = 4  # two per prefill worker: one waits while the other runs (SLOW_PREFILL)
 PREFILL_MAX_TOKENS = 8
 
 
 def test_a_draining_prefill_worker_finishes_its_prefills(
-    two_prefill_one_decode: Cluster, prompts: list[list[int]], hf_greedy: list[list[int]]
+    two_prefill_two_decode: Cluster, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
-    """prefill-0 gets SIGTERM while prompts wait or run on it: every request still ends with
-    transformers' greedy output, and the worker exits 0 once idle, not at the grace's end."""
-    cluster = two_prefill_one_decode
+    """A prefill worker gets SIGTERM while prompts wait or run on it: every request still ends
+    with transformers' greedy output, and the worker exits 0 once idle, not at the grace's
+    end."""
+    cluster = two_prefill_two_decode
+    leaving, _ = _serving(cluster.prefill)
     indices = [4 + i % 4 for i in range(PREFILL_REQUESTS)]  # 63..500 tokens
     work = [prompts[index] for index in indices]
     expected = [hf_greedy[index][:PREFILL_MAX_TOKENS] for index in indices]
     # It finished its prompts: the grace did not cut them.
-    _drains_with_outputs(cluster, work, expected, cluster.prefill[0], _has_prompts)
-
-
-def test_a_draining_decode_worker_finishes_its_stream_and_refuses_new_work(
-    two_prefill_one_decode: Cluster,
-) -> None:
-    cluster = two_prefill_one_decode
-    decode = cluster.decode[0]
-
-    async def stream_through_a_drain() -> tuple[int, grpc.StatusCode]:
-        sampling = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-        received = 0
-        refused = grpc.StatusCode.OK
-        request = build_request("Hello", sampling=sampling)
-        async with GenerationClient.connect(cluster.router.address) as client:
-            async for chunk in client.generate_stream(request):
-                received += len(chunk.token_ids)
-                if received == 3:
-                    decode.popen.send_signal(signal.SIGTERM)
-                    await asyncio.sleep(0.5)
-                    refused = await _reserve_status(decode.address)
-        return received, refused
-
-    received, refused = asyncio.run(stream_through_a_drain())
-    assert received == 30  # the stream in flight was finished
-    assert refused is grpc.StatusCode.UNAVAILABLE  # new work was not
-    assert decode.popen.wait(timeout=30) == 0
+    _drains_with_outputs(cluster, work, expected, leaving, _has_prompts)
 
 
 def _drains_with_outputs(
@@ -147,50 +139,69 @@ def _has_reservations(process: Process) -> bool:
     return load(process).num_waiting >= 4
 
 
-# One prompt at a time on the prefill worker, 32 tokens a step: a queue of seconds.
-SLOW_PREFILL = ("--max-num-seqs", "1", "--max-num-batched-tokens", "32")
 QUEUED_REQUESTS = 12
 MAX_TOKENS = 4
 
 
 def test_prompts_queued_for_a_draining_decode_worker_follow_their_reservations(
-    model_dir: Path, tmp_path: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
+    two_prefill_two_decode: Cluster, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
-    """decode-0 gets SIGTERM while prompts reserved on it still wait in the prefill queue: the
-    router reserves them on decode-1 and redirects their prefills there (Prefill.Redirect).
-    Every request ends with transformers' greedy output, decode-0 exits 0 once idle, and no
-    block stays held. Before, decode-0 waited for those prompts until its grace ran out, and a
-    queue longer than the grace lost them. No prefix cache: every repeat of a prompt is
-    prefilled whole, so the prefill queue is seconds long."""
-    logs = tmp_path / "logs"
-    cluster = start_cluster(
-        model_dir,
-        logs,
-        num_prefill=1,
-        num_decode=2,
-        worker_args=(*WORKER_ARGS, "--no-prefix-cache"),
-        prefill_args=SLOW_PREFILL,
-        drain_grace_seconds=60.0,
-        # The router learns of the drain at its next Load poll; the whole prefill queue takes
-        # 1-2 s on the current engine, so the default 0.5 s poll could find every prompt
-        # reserved on decode-0 already started (0 redirects, seen in suite runs).
-        router_args=("--load-poll-interval-seconds", "0.1"),
-    )
-    leaving = cluster.decode[0]
+    """A decode worker gets SIGTERM while prompts reserved on it still wait in the prefill
+    queue: the router reserves them on the other decode worker and redirects their prefills
+    there (Prefill.Redirect). Every request ends with transformers' greedy output, the leaving
+    worker exits 0 once idle, and no block stays held. Before, it waited for those prompts
+    until its grace ran out, and a queue longer than the grace lost them."""
+    cluster = two_prefill_two_decode
+    leaving, _ = _serving(cluster.decode)
     indices = [4 + i % 4 for i in range(QUEUED_REQUESTS)]  # 63..500 tokens
     work = [prompts[index] for index in indices]
-    try:
-        expected = [hf_greedy[index][:MAX_TOKENS] for index in indices]
-        _drains_with_outputs(cluster, work, expected, leaving, _has_reservations)
-        # Both sides count it: the router's redirects, and the prefill engine's (it took them).
-        redirected = [
-            labelled_metric(process, f"pdserve_{role}_redirects_total", outcome="redirected")
-            for process, role in ((cluster.router, "router"), (cluster.prefill[0], "prefill"))
-        ]
-        assert min(redirected) >= 1, (redirected, _router_redirects(cluster))
-        wait_all_blocks_free(cluster)
-    finally:
-        cluster.stop()
+    expected = [hf_greedy[index][:MAX_TOKENS] for index in indices]
+    _drains_with_outputs(cluster, work, expected, leaving, _has_reservations)
+    # Both sides count it: the router's redirects, and the prefill engines' (they took them).
+    name = "pdserve_{}_redirects_total"
+    redirected = [
+        labelled_metric(cluster.router, name.format("router"), outcome="redirected"),
+        sum(
+            labelled_metric(process, name.format("prefill"), outcome="redirected")
+            for process in _serving(cluster.prefill)
+        ),
+    ]
+    assert min(redirected) >= 1, (redirected, _router_redirects(cluster))
+    wait_all_blocks_free(cluster)
+
+
+def test_a_draining_decode_worker_finishes_its_stream_and_refuses_new_work(
+    two_prefill_two_decode: Cluster,
+) -> None:
+    """The decode worker running a stream gets SIGTERM mid-stream (after the drains above, the
+    last one: no other to move the stream to): it finishes the stream, refuses a new
+    reservation, and exits 0."""
+    cluster = two_prefill_two_decode
+    leaving: list[Process] = []
+
+    async def stream_through_a_drain() -> tuple[int, grpc.StatusCode]:
+        sampling = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+        received = 0
+        refused = grpc.StatusCode.OK
+        request = build_request("Hello", sampling=sampling)
+        async with GenerationClient.connect(cluster.router.address) as client:
+            async for chunk in client.generate_stream(request):
+                received += len(chunk.token_ids)
+                if received == 3:
+                    leaving.extend(_streaming(cluster.decode))
+                    leaving[0].popen.send_signal(signal.SIGTERM)
+                    await asyncio.sleep(0.5)
+                    refused = await _reserve_status(leaving[0].address)
+        return received, refused
+
+    received, refused = asyncio.run(stream_through_a_drain())
+    assert received == 30  # the stream in flight was finished
+    assert refused is grpc.StatusCode.UNAVAILABLE  # new work was not
+    assert leaving[0].popen.wait(timeout=30) == 0
+
+
+def _streaming(decode: list[Process]) -> list[Process]:
+    return [process for process in _serving(decode) if load(process).num_running]
 
 
 def _router_redirects(cluster: Cluster) -> dict[str, float]:
