@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import sys
 import time
 from collections import Counter
@@ -157,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     from pdserve.core.model.source import resolve_model
     from pdserve.costmodel.host_profile import host_profile
 
+    # Started in the background of a non-interactive shell, it inherits SIGINT ignored: Ctrl-C
+    # (`kill -INT`) must still stop it, and `_run_arm` then stops the arm's pods.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     reason = require_root()
     if reason is not None or not args.pod_cpus > 0:
         print(f"pdserve bench autoscale: {reason or '--pod-cpus must be > 0'}", file=sys.stderr)
