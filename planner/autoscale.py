@@ -25,8 +25,9 @@ When to act (`Autoscaler.decide`), on the arrivals of the view it is given (the 
 minutes while they read as one steady rate, its newest part once the rate changed there:
 planner/autoscale_view.py) read two ways:
 - up at once when the view's mean rate wants more pods in a tier, or the last window's alone
-  wants pods added (a missed SLO costs now; the other tier kept as it is unless that passes
-  `max_pods`);
+  wants pods added at the low end of the rate its arrivals allow (`Observation.rate_lower`: a
+  missed SLO costs now, but one window's chance burst is no phase; the other tier kept as it is
+  unless that passes `max_pods`);
 - down only when even the high end of the rate those arrivals allow (`Observation.rate_upper`,
   planner/autoscale_observation.py: a one-sided 95 % Poisson bound; 0 once the window is idle: no
   arrival, stream or backlog) wants fewer, for `down_after` intervals in a row, to the most any of
@@ -310,10 +311,14 @@ class Autoscaler:
         """What the last window wants instead, when only it adds pods: a longer view dilutes
         a phase that has just begun with the one before it (the surge's first long prompts
         among two minutes of chat), and a missed SLO costs now; pods leave on the longer view
-        only (`_down`), so a noisy window costs a pod for an interval, not a flip."""
+        only (`_down`). Sized at the low end of the rate its arrivals allow
+        (`Observation.rate_lower`), as pods leave only at the high end: at its mean, one
+        window's chance burst (16 arrivals in 18 s of a 0.5 req/s phase) or its lone long
+        prompt (the whole simulated mix then long, at 0.06 req/s) added pods that a full trace
+        run kept for minutes (the high phase at four pods where two attained 0.98)."""
         if _more_in_a_tier(wanted, current):
             return wanted
-        fresh = self._wanted(newest, newest.rate, current).at_least(floor)
+        fresh = self._wanted(newest, newest.rate_lower, current).at_least(floor)
         return fresh if self._raised(fresh, current).pods > current.pods else wanted
 
     def _up(self, raised: Shape, current: Shape) -> tuple[Action, Shape]:

@@ -18,7 +18,12 @@ from pdserve.costmodel.step_shape import StepShape
 from pdserve.planner import autoscale
 from pdserve.planner.autoscale import Action, Autoscaler, Policy, Shape, trace
 from pdserve.planner.autoscale_cli import seen_record
-from pdserve.planner.autoscale_observation import LengthHistogram, Observation, poisson_upper
+from pdserve.planner.autoscale_observation import (
+    LengthHistogram,
+    Observation,
+    poisson_lower,
+    poisson_upper,
+)
 from pdserve.planner.plan import Candidate, PerRequestSlo, Slo, evaluate
 from pdserve.planner.sim_cluster import Deployment
 from pdserve.planner.workload import TraceRequest
@@ -161,6 +166,17 @@ def test_the_rates_high_end_is_the_poisson_bound() -> None:
     assert _chat(rate=2.0).rate < _chat(rate=2.0).rate_upper < 2.0 * 1.3  # 60 seen: near
 
 
+def test_the_rates_low_end_is_the_poisson_bound() -> None:
+    """Chi-square's exact one-sided 95 % bounds: 0.355 (2 events), 5.425 (10), 10.04 (16); one
+    event's 0.051 is approximated low (0.040), none gives 0."""
+    assert poisson_lower(0) == 0.0
+    assert poisson_lower(1) == pytest.approx(0.051, rel=0.25)
+    assert poisson_lower(2) == pytest.approx(0.355, rel=0.03)
+    assert poisson_lower(10) == pytest.approx(5.425, rel=0.01)
+    assert poisson_lower(16) == pytest.approx(10.04, rel=0.01)
+    assert _chat(rate=2.0).rate * 0.75 < _chat(rate=2.0).rate_lower < _chat(rate=2.0).rate
+
+
 def _fixed(*shapes: Shape) -> Autoscaler:
     """An autoscaler whose load wants the given shapes, one per interval, at either rate."""
     wanted = iter(shapes)
@@ -300,6 +316,19 @@ def test_the_last_window_alone_may_add_pods_but_not_move_or_remove_them() -> Non
     assert scaler.decide(view, Shape(1, 1), view).action == Action.HOLD  # the view is the window
     wants.update({id(view): Shape(3, 1), id(newest): Shape(2, 2)})  # at max_pods: a move
     assert scaler.decide(view, Shape(3, 1), newest).action == Action.HOLD
+
+
+def test_the_last_window_is_sized_at_the_low_end_of_its_rate(engine: EngineConfig) -> None:
+    """One window's few arrivals say little about a rate: sized at their mean, a chance burst
+    added pods for minutes. The view's mean, or the window's low end, adds them."""
+    asked: list[float] = []
+    scaler = _by_rate(engine, asked)
+    view, burst = _chat(1.0, seconds=120.0), _chat(2.4, seconds=15.0)  # 36 arrivals in 15 s
+    decision = scaler.decide(view, Shape(1, 2), burst)
+    assert asked[-1] == pytest.approx(burst.rate_lower) and burst.rate_lower < 2.0
+    assert decision.action == Action.HOLD  # 2.4 req/s at its mean would want 1P3D
+    sustained = _chat(3.2, seconds=15.0)  # 48 arrivals: even the low end is past 2 req/s
+    assert scaler.decide(view, Shape(1, 2), sustained).shape == Shape(1, 3)
 
 
 def test_pods_move_between_tiers_only_when_decisions_in_a_row_want_it() -> None:
