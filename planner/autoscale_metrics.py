@@ -43,11 +43,13 @@ WindowKey = tuple[str, str, str]  # tier, worker, phase
 
 @dataclass(frozen=True)
 class Scrape:
-    """One router's metrics: each length histogram's cumulative bucket counts by upper bound, the
-    streams in flight, the workers' step windows and how many workers of each tier are healthy."""
+    """One router's metrics: each length histogram's cumulative bucket counts by upper bound and
+    its sum, the streams in flight, the workers' step windows and how many workers of each tier
+    are healthy."""
 
     at: float  # time.monotonic() of the scrape
     buckets: Mapping[str, Mapping[float, float]]
+    sums: Mapping[str, float]  # each length histogram's sum of lengths
     in_flight: int
     step_windows: Mapping[WindowKey, StepWindow]
     healthy_workers: Mapping[str, int]  # by tier
@@ -56,6 +58,7 @@ class Scrape:
     @classmethod
     def parse(cls, text: str, at: float) -> Scrape:
         buckets: dict[str, dict[float, float]] = {PROMPT_TOKENS: {}, OUTPUT_TOKENS: {}}
+        sums: dict[str, float] = {}
         in_flight = 0.0
         windows = _WindowGauge()
         healthy: dict[str, int] = {}
@@ -65,6 +68,8 @@ class Scrape:
                 if sample.name.removesuffix("_bucket") in buckets and "le" in sample.labels:
                     name = sample.name.removesuffix("_bucket")
                     buckets[name][float(sample.labels["le"])] = sample.value
+                elif sample.name.removesuffix("_sum") in buckets:
+                    sums[sample.name.removesuffix("_sum")] = sample.value
                 elif sample.name == IN_FLIGHT:
                     in_flight = sample.value
                 elif sample.name == STEP_WINDOW:
@@ -73,7 +78,7 @@ class Scrape:
                     healthy[sample.labels["tier"]] = int(sample.value)
                 elif sample.name == PENDING:
                     pending[(sample.labels["tier"], sample.labels["worker"])] = sample.value
-        return cls(at, buckets, int(in_flight), windows.windows(), healthy, pending)
+        return cls(at, buckets, sums, int(in_flight), windows.windows(), healthy, pending)
 
 
 Routers = Mapping[str, Scrape]  # one scrape per router address, taken together
@@ -170,19 +175,15 @@ def _seconds(before: Routers, after: Routers) -> float:
 
 
 def _between(before: Routers, after: Routers, name: str) -> list[LengthHistogram]:
-    return [
-        _histogram_between(
-            before[address].buckets[name] if address in before else {}, now.buckets[name]
-        )
-        for address, now in after.items()
-    ]
+    return [_histogram_between(before.get(address), now, name) for address, now in after.items()]
 
 
-def _histogram_between(
-    before: Mapping[float, float], after: Mapping[float, float]
-) -> LengthHistogram:
-    restarted = any(after.get(bound, 0.0) < count for bound, count in before.items())
-    base = {} if restarted else before
+def _histogram_between(before: Scrape | None, after_scrape: Scrape, name: str) -> LengthHistogram:
+    after = after_scrape.buckets[name]
+    earlier = {} if before is None else before.buckets[name]
+    restarted = any(after.get(bound, 0.0) < count for bound, count in earlier.items())
+    base = {} if restarted else earlier
+    base_sum = 0.0 if restarted or before is None else before.sums.get(name, 0.0)
     cumulative = [(b, after[b] - base.get(b, 0.0)) for b in sorted(after) if not math.isinf(b)]
     beyond = after.get(math.inf, 0.0) - base.get(math.inf, 0.0)
     counts, below = [], 0.0
@@ -191,17 +192,25 @@ def _histogram_between(
         below = count
     if counts:  # lengths past the last bound count in the last bucket
         counts[-1] += beyond - below
-    return LengthHistogram(tuple(b for b, _ in cumulative), tuple(counts))
+    lengths_sum = after_scrape.sums.get(name)
+    if lengths_sum is not None:
+        lengths_sum -= base_sum
+    return LengthHistogram(tuple(b for b, _ in cumulative), tuple(counts), lengths_sum)
 
 
 def _summed(histograms: Iterable[LengthHistogram]) -> LengthHistogram:
-    """Bucket by bucket (routers of one version share their bounds)."""
+    """Bucket by bucket (routers of one version share their bounds); the sums too, unknown
+    where one router's is."""
     by_bound: dict[float, float] = defaultdict(float)
+    sums: list[float | None] = []
     for histogram in histograms:
+        sums.append(histogram.lengths_sum)
         for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
             by_bound[bound] += count
     bounds = tuple(sorted(by_bound))
-    return LengthHistogram(bounds, tuple(by_bound[bound] for bound in bounds))
+    known = [s for s in sums if s is not None]
+    lengths_sum = sum(known) if len(known) == len(sums) else None
+    return LengthHistogram(bounds, tuple(by_bound[bound] for bound in bounds), lengths_sum)
 
 
 def _pending(scrapes: Iterable[Scrape]) -> float:

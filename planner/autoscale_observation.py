@@ -16,10 +16,12 @@ from pdserve.costmodel.correction import StepWindow
 @dataclass(frozen=True)
 class LengthHistogram:
     """Cumulative-free bucket counts: `counts[i]` requests had a length in
-    (`bounds[i - 1]`, `bounds[i]`] (the first bucket from 1)."""
+    (`bounds[i - 1]`, `bounds[i]`] (the first bucket from 1), and the lengths' sum (the
+    Prometheus histogram's `_sum`; None where unknown)."""
 
     bounds: tuple[float, ...]
     counts: tuple[float, ...]
+    lengths_sum: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.bounds) != len(self.counts):
@@ -30,11 +32,27 @@ class LengthHistogram:
         return sum(self.counts)
 
     def draw(self, rng: random.Random) -> int:
-        """A length from the histogram: a bucket by its count, uniform within it."""
+        """A length from the histogram: a bucket by its count, uniform within it, scaled so that
+        the draws' mean is the observed one where the sum is known. The router's buckets double
+        in width: uniform within them, a trace run's chat outputs of 50-200 tokens were drawn
+        9-19 % long on average (most fall low in (128, 256]), and the simulated load with them."""
         (index,) = rng.choices(range(len(self.counts)), weights=self.counts)
+        low, high = self._bucket(index)
+        return max(1, round(rng.randint(low, high) * self._mean_scale()))
+
+    def _bucket(self, index: int) -> tuple[int, int]:
         low = 1 if index == 0 else math.floor(self.bounds[index - 1]) + 1
-        high = max(low, math.floor(self.bounds[index]))
-        return rng.randint(low, high)
+        return low, max(low, math.floor(self.bounds[index]))
+
+    def _mean_scale(self) -> float:
+        """Observed mean / the mean of uniform draws within the buckets (1 without a sum)."""
+        buckets = (self._bucket(index) for index in range(len(self.counts)))
+        uniform = sum(
+            c * (low + high) / 2 for c, (low, high) in zip(self.counts, buckets, strict=True)
+        )
+        if self.lengths_sum is None or self.lengths_sum <= 0 or uniform <= 0:
+            return 1.0
+        return self.lengths_sum / uniform
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import math
 import random
+import statistics
+from typing import Any
 
 import pytest
 
@@ -55,12 +57,26 @@ def test_lengths_are_drawn_inside_their_buckets() -> None:
     assert 150 < sum(n <= 64 for n in lengths) < 250  # the two buckets weigh the same
 
 
+def test_draws_keep_the_observed_mean_where_the_sum_is_known() -> None:
+    """Outputs of 130-160 tokens fall low in their (128, 256] bucket: uniform within it they
+    would be drawn 192 long on average; with the histogram's sum, 145."""
+    low_in_bucket = _histogram(b256=100)
+    rng = random.Random(0)
+    uniform = [low_in_bucket.draw(rng) for _ in range(2000)]
+    assert 185 < statistics.mean(uniform) < 199
+    known = dataclasses.replace(low_in_bucket, lengths_sum=100 * 145.0)
+    drawn = [known.draw(rng) for _ in range(2000)]
+    assert 141 < statistics.mean(drawn) < 149
+
+
 def test_a_decision_line_carries_what_it_was_sized_from() -> None:
-    seen = dataclasses.replace(_chat(rate=0.5, in_flight=3), pending_prompt_tokens=300.0)
+    chat = _chat(rate=0.5, in_flight=3)
+    prompts = dataclasses.replace(chat.prompt_tokens, lengths_sum=3 * 40 + 100)
+    seen = dataclasses.replace(chat, prompt_tokens=prompts, pending_prompt_tokens=300.0)
     line = json.loads(json.dumps(seen_record(seen)))
 
-    def histogram(raw: dict[str, list[float]]) -> LengthHistogram:
-        return LengthHistogram(tuple(raw["bounds"]), tuple(raw["counts"]))
+    def histogram(raw: dict[str, Any]) -> LengthHistogram:
+        return LengthHistogram(tuple(raw["bounds"]), tuple(raw["counts"]), raw["lengths_sum"])
 
     again = Observation(
         line["seconds"],

@@ -78,6 +78,8 @@ def test_the_interval_counts_only_what_arrived_between_the_scrapes() -> None:
     assert seen.in_flight == 6
     assert _by_bound(seen.prompt_tokens) == {64.0: 3, 1024.0: 1, 65536.0: 1}
     assert _by_bound(seen.output_tokens) == {8.0: 1, 32.0: 3, 256.0: 1}
+    assert seen.prompt_tokens.lengths_sum == 3 * 50 + 1000 + 200_000  # the interval's only
+    assert seen.output_tokens.lengths_sum == 3 * 20 + 200 + 5
 
 
 def test_a_window_without_arrivals_keeps_the_lengths_seen_so_far() -> None:
