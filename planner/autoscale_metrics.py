@@ -178,8 +178,9 @@ def _between(before: Routers, after: Routers, name: str) -> list[LengthHistogram
     return [_histogram_between(before.get(address), now, name) for address, now in after.items()]
 
 
-def _histogram_between(before: Scrape | None, after_scrape: Scrape, name: str) -> LengthHistogram:
-    after = after_scrape.buckets[name]
+def _histogram_between(before: Scrape | None, now: Scrape, name: str) -> LengthHistogram:
+    """Histogram `name` between a router's two scrapes (`before` None: since it started)."""
+    after = now.buckets[name]
     earlier = {} if before is None else before.buckets[name]
     restarted = any(after.get(bound, 0.0) < count for bound, count in earlier.items())
     base = {} if restarted else earlier
@@ -192,7 +193,7 @@ def _histogram_between(before: Scrape | None, after_scrape: Scrape, name: str) -
         below = count
     if counts:  # lengths past the last bound count in the last bucket
         counts[-1] += beyond - below
-    lengths_sum = after_scrape.sums.get(name)
+    lengths_sum = now.sums.get(name)
     if lengths_sum is not None:
         lengths_sum -= base_sum
     return LengthHistogram(tuple(b for b, _ in cumulative), tuple(counts), lengths_sum)
