@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pdserve.costmodel.correction import StepWindow
 
@@ -38,14 +39,16 @@ class LengthHistogram:
         9-19 % long on average (most fall low in (128, 256]), and the simulated load with them."""
         (index,) = rng.choices(range(len(self.counts)), weights=self.counts)
         low, high = self._bucket(index)
-        return max(1, round(rng.randint(low, high) * self._mean_scale()))
+        return max(1, round(rng.randint(low, high) * self._mean_scale))
 
     def _bucket(self, index: int) -> tuple[int, int]:
         low = 1 if index == 0 else math.floor(self.bounds[index - 1]) + 1
         return low, max(low, math.floor(self.bounds[index]))
 
+    @cached_property
     def _mean_scale(self) -> float:
-        """Observed mean / the mean of uniform draws within the buckets (1 without a sum)."""
+        """Observed mean / the mean of uniform draws within the buckets (1 without a sum): once
+        per histogram, not per draw (a simulated trace draws hundreds)."""
         buckets = (self._bucket(index) for index in range(len(self.counts)))
         uniform = sum(
             c * (low + high) / 2 for c, (low, high) in zip(self.counts, buckets, strict=True)
