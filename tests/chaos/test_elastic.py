@@ -18,7 +18,6 @@ import signal
 import time
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from typing import Any
 import grpc
 import pytest
 
-from pdserve.client import GenerationClient, SamplingParams
 from pdserve.local.netns import NETNS_ETC
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tests.fakes import PROFILE_OTHER_HOST
@@ -43,20 +41,19 @@ from .netns_up import (
     require_netns,
     set_pod_link,
 )
-from .streams import Stream, stream_grpc, stream_http
+from .open_loop import (
+    BASE_KINDS,
+    MAX_TOKENS,
+    NEVER,
+    SETTLE_UNDER_LOAD_S,
+    Kind,
+    run_all,
+    under_load,
+)
+from .streams import Stream
 
 pytestmark = pytest.mark.integration
 
-MAX_TOKENS = 16
-NEVER = "@@ this never appears in the output @@"  # every stream holds text back for it
-ARRIVAL_INTERVAL_S = 0.3  # open loop: a new request every interval...
-# ...while fewer than this many are in flight. Without the bound, a host slower than the arrival
-# rate queued streams without end: scale-downs waited out their 60 s drain grace and the test ran
-# for 20 minutes on 2 cores. Eight streams keep every worker busy through each step.
-MAX_IN_FLIGHT = 8
-# After each scale step the new shape serves for a while: at one arrival every 0.3 s, about six
-# requests (4 s took 36 s of the module's time in sleeps).
-SETTLE_UNDER_LOAD_S = 2.0
 DRAIN_GRACE_S = 60.0
 # Every process pings a peer silent for 1 s and gives it 8 s to answer: a cut-off pod is found
 # lost within 9 s. Shorter answers were too short while pods started on 2 busy cores: the router
@@ -81,35 +78,6 @@ AUTOSCALE_FLAGS = (
     *("--interval-seconds", "2", "--window-seconds", "2", "--lookback-seconds", "6"),
     *("--down-after", "1", *WORKER_ARGS),
 )
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What a request is, so that its outcome can be compared with the undisturbed run."""
-
-    prompt: int  # index into the prompts used
-    seeded: bool  # seeded sampling, else greedy
-    http: bool  # the OpenAI HTTP door, else gRPC streaming
-    stop: str = NEVER  # or a piece of the undisturbed text: the stream ends there
-
-    def sampling(self) -> SamplingParams:
-        if not self.seeded:
-            return SamplingParams(
-                max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, stop=[self.stop]
-            )
-        return SamplingParams(
-            max_tokens=MAX_TOKENS,
-            temperature=0.9,
-            top_p=0.95,
-            seed=1000 + self.prompt,
-            ignore_eos=True,
-            stop=[self.stop],
-        )
-
-
-BASE_KINDS = [
-    Kind(p, seeded, http) for p in range(4) for seeded in (False, True) for http in (False, True)
-]
 
 
 @dataclass(frozen=True)
@@ -149,13 +117,13 @@ def cluster(
 def _undisturbed(router: str, http_url: str, work: list[list[int]]) -> dict[Kind, Stream]:
     """Every base kind once; then, for the first two prompts, kinds whose stop string is a piece
     from the middle of that text (a stop that matches, found by the worker holding the stream)."""
-    base = asyncio.run(_run_all(router, http_url, work, BASE_KINDS))
+    base = asyncio.run(run_all(router, http_url, work, BASE_KINDS))
     stopping = [
         Kind(kind.prompt, kind.seeded, kind.http, _middle(outcome.text))
         for kind, outcome in zip(BASE_KINDS, base, strict=True)
         if kind.prompt < 2
     ]
-    stopped = asyncio.run(_run_all(router, http_url, work, stopping))
+    stopped = asyncio.run(run_all(router, http_url, work, stopping))
     assert all(o.finish in ("stop", "FINISH_REASON_STOP") for o in stopped), stopped
     return dict(zip(BASE_KINDS + stopping, base + stopped, strict=True))
 
@@ -178,7 +146,7 @@ def test_scaling_both_tiers_under_load_loses_nothing(cluster: Cluster) -> None:
         seen.append(await asyncio.to_thread(cluster.up.scale, decode=1, prefill=1))
         await asyncio.sleep(SETTLE_UNDER_LOAD_S)
 
-    outcomes = asyncio.run(_under_load(cluster, scale_steps()))
+    outcomes = asyncio.run(under_load(cluster, scale_steps(), cluster.kinds))
     _assert_as_undisturbed(cluster, outcomes)
     up, down = seen
     assert [_ready(up, "decode"), _ready(up, "prefill")] == [2, 2]
@@ -255,7 +223,7 @@ def test_the_autoscaler_adds_a_decode_pod_on_a_load_step_and_removes_it_after(
 
     try:
         short_prompts = [kind for kind in cluster.kinds if kind.prompt == 0]
-        outcomes = asyncio.run(_under_load(cluster, until_it_scales_up(), short_prompts))
+        outcomes = asyncio.run(under_load(cluster, until_it_scales_up(), short_prompts))
         scaled.append(autoscale.wait_for("scale_down", "1P1D", 60))  # the load is over
         exported.wait_for("scale_down", "1P1D", 30)
         desired.append(_desired_replicas(export_port))
@@ -283,7 +251,7 @@ def test_a_killed_decode_worker_under_load_loses_nothing(cluster: Cluster) -> No
         await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # `pdserve up` replaces it meanwhile
 
     moved_before = _moved_off_decode(cluster)
-    outcomes = asyncio.run(_under_load(cluster, kill_one()))
+    outcomes = asyncio.run(under_load(cluster, kill_one(), cluster.kinds))
     _assert_as_undisturbed(cluster, outcomes)
     assert _moved_off_decode(cluster) > moved_before  # streams of the killed worker moved on
     # Decode stays at 2 once the killed pod's replacement is ready: the next test cuts it off.
@@ -319,7 +287,7 @@ def test_a_decode_pod_cut_off_under_load_loses_nothing(cluster: Cluster) -> None
         finally:
             set_pod_link(namespace, up=True)  # it comes back, and serves again
 
-    outcomes = asyncio.run(_under_load(cluster, cut_one_off()))
+    outcomes = asyncio.run(under_load(cluster, cut_one_off(), cluster.kinds))
     _assert_as_undisturbed(cluster, outcomes)
     (found,) = found_after
     assert found < LOST_POD_FOUND_WITHIN_S, f"migrations began {found:.1f} s after the cut"
@@ -345,70 +313,6 @@ async def _a_second_decode_pod_with_streams(cluster: Cluster) -> dict[str, Any]:
     while not (await asyncio.to_thread(_load, victim)).num_running:
         await asyncio.sleep(0.05)
     return victim
-
-
-# --- load ---
-
-
-async def _under_load(
-    cluster: Cluster, disturbance: Any, kinds: list[Kind] | None = None
-) -> list[tuple[Kind, Stream]]:
-    """Open-loop load (one request every ARRIVAL_INTERVAL_S while fewer than MAX_IN_FLIGHT are in
-    flight, `kinds` in turn: every kind the cluster knows by default) for as long as
-    `disturbance` runs, and at least one request of each kind however soon it ends; every
-    request's outcome."""
-    stop = asyncio.Event()
-    load = asyncio.ensure_future(_open_loop(cluster, kinds or cluster.kinds, stop))
-    try:
-        await asyncio.sleep(SETTLE_UNDER_LOAD_S)  # streams in flight before the first step
-        await disturbance
-    finally:
-        stop.set()
-    return await load
-
-
-async def _open_loop(
-    cluster: Cluster, send: list[Kind], stop: asyncio.Event
-) -> list[tuple[Kind, Stream]]:
-    _enough_threads()
-    async with GenerationClient.connect(cluster.router) as client:
-        tasks: list[asyncio.Future[Stream]] = []
-        kinds: list[Kind] = []
-        while not stop.is_set() or len(tasks) < len(send):
-            if sum(not task.done() for task in tasks) >= MAX_IN_FLIGHT:
-                await asyncio.sleep(0.05)
-                continue
-            kind = send[len(tasks) % len(send)]
-            prompt = cluster.prompts[kind.prompt]
-            kinds.append(kind)
-            tasks.append(asyncio.ensure_future(_one(client, cluster.http_url, prompt, kind)))
-            await asyncio.sleep(ARRIVAL_INTERVAL_S)
-        return list(zip(kinds, await asyncio.gather(*tasks), strict=True))
-
-
-async def _run_all(
-    router: str, http_url: str, prompts: list[list[int]], kinds: list[Kind]
-) -> list[Stream]:
-    _enough_threads()
-    async with GenerationClient.connect(router) as client:
-        return list(
-            await asyncio.gather(*(_one(client, http_url, prompts[k.prompt], k) for k in kinds))
-        )
-
-
-def _enough_threads() -> None:
-    """HTTP streams run in threads: enough for every one in flight, so arrivals stay open-loop
-    (the default pool has CPUs + 4)."""
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=64))
-
-
-async def _one(client: GenerationClient, http_url: str, prompt: list[int], kind: Kind) -> Stream:
-    outcome = Stream()
-    if kind.http:
-        await asyncio.to_thread(stream_http, http_url, prompt, kind.sampling(), outcome)
-    else:
-        await stream_grpc(client, prompt, kind.sampling(), outcome)
-    return outcome
 
 
 # --- checks ---
