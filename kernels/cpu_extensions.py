@@ -88,10 +88,16 @@ class CpuExtension:
 
 
 def main() -> int:
-    from . import cpu_decode, cpu_panel_linear, layer_ops
+    from . import cpu_decode, cpu_panel_linear, decode_step, layer_ops
 
     failed = 0
-    for extension in (cpu_decode.EXTENSION, cpu_panel_linear.EXTENSION, layer_ops.EXTENSION):
+    extensions = (
+        cpu_decode.EXTENSION,
+        cpu_panel_linear.EXTENSION,
+        layer_ops.EXTENSION,
+        decode_step.EXTENSION,
+    )
+    for extension in extensions:
         try:
             extension.build()
         except Exception as error:

@@ -126,6 +126,12 @@ def panel_linear(
     `out_features` as `pack` made them."""
     module = kernel()
     assert module is not None, "panel_linear called where the kernel is not built"
-    path = PATH if PATH is not None else default_path_here()
-    out: torch.Tensor = module.panel_linear(x, panels, scales, bias, out_features, path)
+    out: torch.Tensor = module.panel_linear(x, panels, scales, bias, out_features, path_to_run())
     return out
+
+
+def path_to_run() -> VectorPath:
+    """`PATH`, else the default path of this CPU (the kernel must be built)."""
+    path = PATH if PATH is not None else default_path_here()
+    assert path is not None, "the panel kernel is not built"
+    return path

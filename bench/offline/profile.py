@@ -14,6 +14,11 @@ engine's bookkeeping after the forward (appending tokens, stop checks, detokeniz
 The forward's parts also count what they must move and compute (bench/offline/part_costs.py),
 from their arguments, outside their timers: the seconds spent counting are kept apart
 (`accounting`) and left out of every part and of the step.
+
+The parts are timed on the per-op path: a decode step's layers in one C++ call
+(kernels/decode_step.py) have no Python between its parts to time, so the profile turns it off
+and breaks down the same kernels called one by one. `bench offline --batch1-decode` times the
+step as the engine runs it.
 """
 
 from __future__ import annotations
@@ -137,9 +142,11 @@ def instrumented(llm: LLM) -> Iterator[StepTimers]:
     originals = [(module, name, getattr(module, name)) for module, name, _ in module_patches]
     for target, name, replacement in [*instance_patches, *module_patches]:
         setattr(target, name, replacement)
+    in_one_call, model.decode_layers = model.decode_layers, None  # the module docstring says why
     try:
         yield timers
     finally:
+        model.decode_layers = in_one_call
         for target, name, _ in instance_patches:
             delattr(target, name)  # the class's method shows through again
         for module, name, original in originals:

@@ -2,7 +2,10 @@
 
 Like vLLM and nano-vllm, the model is written here rather than wrapped from transformers: it reads
 and writes K/V through block tables and slot mappings (`pdserve.kernels`), computes logits only
-for the tokens that need them, and fuses q/k/v and gate/up into one matmul each.
+for the tokens that need them, and fuses q/k/v and gate/up into one matmul each. On the CPU in
+float32, with `PDSERVE_FUSED_DECODE=on`, a decode-only step runs every layer in one C++ call
+(kernels/decode_step.py: the same kernels as the loop below, bit for bit, without the Python and
+torch ops between them).
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from safetensors import safe_open
 from pdserve.core.forward_batch import ForwardBatch
 from pdserve.core.kv.cache import KVCache
 from pdserve.core.model.config import ModelConfig
-from pdserve.core.model.gemm import LinearWeight, linear, prepare
+from pdserve.core.model.gemm import PANEL_FORMATS, LinearWeight, linear, prepare
 from pdserve.core.model.precision import check_supported
 from pdserve.core.model.rotary import RotaryEmbedding
 from pdserve.kernels import (
     DecodePlan,
+    cpu_panel_linear,
+    decode_step,
     paged_attention_prefill,
     plan_decode,
     run_planned_decode,
@@ -57,6 +62,8 @@ class CausalLM:
         self.scale = config.head_dim**-0.5
         self._q_size = config.num_heads * config.head_dim
         self._kv_size = config.num_kv_heads * config.head_dim
+        # Set where a decode-only step can run all layers in one call (`_decode_layers`).
+        self.decode_layers = self._decode_layers()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -72,6 +79,42 @@ class CausalLM:
         """Runs every token of the batch; returns logits `[num_sequences, vocab]` in float32.
         `after_layer(i)` runs once layer i's K/V is in the cache (layer-wise KV push)."""
         hidden = F.embedding(batch.input_ids, self.embed)
+        if self._runs_in_one_call(batch, kv_cache, after_layer):
+            assert self.decode_layers is not None and batch.decode is not None
+            hidden, residual = self.decode_layers.run(
+                hidden,
+                batch.positions,
+                batch.slot_mapping,
+                kv_cache.tensor,
+                batch.decode.block_tables,
+                batch.decode.context_lens,
+                cpu_panel_linear.path_to_run(),
+            )
+        else:
+            hidden, residual = self._layer_by_layer(hidden, batch, kv_cache, after_layer)
+        last = batch.logits_indices
+        normed, _ = add_rms_norm(hidden[last], residual[last], self.norm, self.config.rms_norm_eps)
+        return linear(normed, self.lm_head).float()
+
+    def _runs_in_one_call(
+        self, batch: ForwardBatch, kv_cache: KVCache, after_layer: Callable[[int], None] | None
+    ) -> bool:
+        """A decode-only step on a float32 cache, with no hook between the layers."""
+        return (
+            self.decode_layers is not None
+            and after_layer is None
+            and batch.prefill is None
+            and batch.decode is not None
+            and kv_cache.tensor.dtype == torch.float32
+        )
+
+    def _layer_by_layer(
+        self,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        kv_cache: KVCache,
+        after_layer: Callable[[int], None] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         residual: torch.Tensor | None = None
         # Per-step work, done once for all layers: rotary lookup, decode gather indices. Layer 0's
         # kernel calls check the step's arguments; the other layers' (same shapes) skip that.
@@ -86,9 +129,36 @@ class CausalLM:
             hidden, residual = add_rms_norm(hidden, residual, layer.post_attention_norm, eps)
             hidden = self._mlp(layer, hidden)
         assert residual is not None  # at least one layer ran
-        last = batch.logits_indices
-        normed, _ = add_rms_norm(hidden[last], residual[last], self.norm, eps)
-        return linear(normed, self.lm_head).float()
+        return hidden, residual
+
+    def _decode_layers(self) -> decode_step.DecodeLayers | None:
+        """The layers in one C++ object where every part has its CPU kernel: float32 on the CPU,
+        every weight in panels (float32 or int8); None elsewhere (the loop runs)."""
+        linears = {
+            name: [getattr(layer, name) for layer in self.layers]
+            for name in ("qkv", "o_proj", "gate_up", "down")
+        }
+        if self.embed.device.type != "cpu" or self.dtype != torch.float32:
+            return None
+        if any(weight.format not in PANEL_FORMATS for kind in linears.values() for weight in kind):
+            return None
+        config = self.config
+        return decode_step.decode_layers(
+            norms=(
+                [layer.input_norm.contiguous() for layer in self.layers],
+                [layer.post_attention_norm.contiguous() for layer in self.layers],
+            ),
+            linears={name: [_packed(weight) for weight in kind] for name, kind in linears.items()},
+            cos_sin=(self.rotary.cos, self.rotary.sin),
+            shapes=decode_step.LayerShapes(
+                num_heads=config.num_heads,
+                num_kv_heads=config.num_kv_heads,
+                head_dim=config.head_dim,
+                rms_norm_eps=config.rms_norm_eps,
+                scale=self.scale,
+                sliding_window=config.sliding_window or 0,
+            ),
+        )
 
     def _plan_decode(self, batch: ForwardBatch, kv_cache: KVCache) -> DecodePlan | None:
         if batch.decode is None:
@@ -159,6 +229,10 @@ class CausalLM:
 
     def _mlp(self, layer: LayerWeights, hidden: torch.Tensor) -> torch.Tensor:
         return linear(silu_and_mul(linear(hidden, layer.gate_up)), layer.down)
+
+
+def _packed(weight: LinearWeight) -> decode_step.PackedLinear:
+    return weight.weight, weight.scales, weight.bias, weight.out_features
 
 
 def _layer_weights(

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdserve.kernels import cpu_decode, cpu_panel_linear, layer_ops
+from pdserve.kernels import cpu_decode, cpu_panel_linear, decode_step, layer_ops
 from pdserve.kernels.cpu_extensions import SWITCH
 
 
@@ -16,6 +16,7 @@ def _forget_loaded_kernels() -> None:
     cpu_panel_linear.widest_path_here.cache_clear()
     cpu_panel_linear.default_path_here.cache_clear()
     layer_ops.kernel.cache_clear()
+    decode_step.kernel.cache_clear()
 
 
 @pytest.fixture
