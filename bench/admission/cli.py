@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pdserve.core.model.config import load_model_config
-    from pdserve.core.model.gemm import cpu_float32_backend
+    from pdserve.core.model.forward import cpu_float32_forward
     from pdserve.core.model.source import resolve_model
 
     modes = args.admission.split(",")
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pdserve bench admission: {error}")
         return 2
     model_dir = resolve_model(args.model)
-    profile = host_profile(model_dir, "float32", cpu_float32_backend())
+    profile = host_profile(model_dir, "float32", cpu_float32_forward())
     settings = BenchSettings(
         rates, args.duration, args.repeats, args.seed, args.slo_tpot, 0, 512, profile
     )

@@ -154,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pdserve.core.model.config import load_model_config
-    from pdserve.core.model.gemm import cpu_float32_backend
+    from pdserve.core.model.forward import cpu_float32_forward
     from pdserve.core.model.source import resolve_model
     from pdserve.costmodel.host_profile import host_profile
 
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     warmup = plan_requests(
         phases[0].classes, WARMUP_REQUESTS, vocab_size, point_seed(args.seed, "autoscale/warmup")
     )
-    profile = host_profile(model_dir, "float32", cpu_float32_backend())
+    profile = host_profile(model_dir, "float32", cpu_float32_forward())
     for arm in args.arms:
         rows = _run_arm(arm, args, model_dir, phases, plans, warmup, profile)
         for row in rows:

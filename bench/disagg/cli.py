@@ -228,9 +228,9 @@ def _adaptive_profile(args: argparse.Namespace) -> Path | None:
     if "adaptive" not in args.arms.split(","):
         return None
     if args.profile is None:
-        from pdserve.core.model.gemm import cpu_float32_backend
+        from pdserve.core.model.forward import cpu_float32_forward
 
-        return host_profile(resolve_model(args.model), "float32", cpu_float32_backend())
+        return host_profile(resolve_model(args.model), "float32", cpu_float32_forward())
     if not args.profile.is_file():
         raise ValueError(f"--profile: {args.profile} is not a file (the adaptive arm needs one)")
     return Path(args.profile)

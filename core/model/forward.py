@@ -21,7 +21,13 @@ from safetensors import safe_open
 from pdserve.core.forward_batch import ForwardBatch
 from pdserve.core.kv.cache import KVCache
 from pdserve.core.model.config import ModelConfig
-from pdserve.core.model.gemm import PANEL_FORMATS, LinearWeight, linear, prepare
+from pdserve.core.model.gemm import (
+    PANEL_FORMATS,
+    LinearWeight,
+    cpu_float32_backend,
+    linear,
+    prepare,
+)
 from pdserve.core.model.precision import check_supported
 from pdserve.core.model.rotary import RotaryEmbedding
 from pdserve.kernels import (
@@ -35,6 +41,15 @@ from pdserve.kernels import (
 )
 from pdserve.kernels.kv_quant import is_quantized
 from pdserve.kernels.layer_ops import add_rms_norm, apply_rotary, silu_and_mul
+
+
+def cpu_float32_forward() -> str:
+    """What runs a float32 forward on the CPU, for whoever keys measurements by it (host
+    profiles): the matmul backend (gemm.py `cpu_float32_backend`), and whether a decode step's
+    layers run in one call (kernels/decode_step.py: its steps are shorter, so a profile of the
+    loop misprices them)."""
+    backend = cpu_float32_backend()
+    return f"{backend}+one-call-decode" if decode_step.kernel() is not None else backend
 
 
 @dataclass(frozen=True)

@@ -163,10 +163,10 @@ def run(args: argparse.Namespace) -> int:
     profile = args.profile
     if profile is None and (args.placement == PlacementMode.ADAPTIVE.value or args.itl_slo):
         try:  # this host's, measured on the first such start
-            from pdserve.core.model.gemm import cpu_float32_backend  # torch: only here
+            from pdserve.core.model.forward import cpu_float32_forward  # torch: only here
 
             dtype = _worker_flag(worker_args, "--dtype", "float32")
-            profile = host_profile(model_dir, dtype, cpu_float32_backend())
+            profile = host_profile(model_dir, dtype, cpu_float32_forward())
         except subprocess.CalledProcessError as error:
             print(f"pdserve up: profiling this host failed ({error})", file=sys.stderr)
             return 1

@@ -3,7 +3,8 @@ core/model/forward.py: the same logits and the same cache, bit for bit, at the d
 layer shapes (and a Qwen2-like one with attention bias), batches of 1 to 64 ragged contexts up to
 4,000 tokens, with and without a sliding window, float32 and int8 panels, every vector path this
 CPU runs; errors that name the argument before anything is written; which steps take it; and
-the engine on the real model, switched on, gives transformers' greedy tokens."""
+the engine on the real model, switched on, gives transformers' greedy tokens; host profiles of
+the two paths are kept apart."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from pdserve.core.forward_batch import DecodeMetadata, ForwardBatch, PrefillMeta
 from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.llm import LLM
 from pdserve.core.model.config import ModelConfig, RopeConfig
-from pdserve.core.model.forward import CausalLM
+from pdserve.core.model.forward import CausalLM, cpu_float32_forward
+from pdserve.core.model.gemm import cpu_float32_backend
 from pdserve.core.sampling_params import SamplingParams
 from pdserve.kernels import cpu_panel_linear, decode_step
 from pdserve.kernels.cpu_panel_linear import VectorPath
@@ -294,3 +296,14 @@ def test_the_engine_on_the_real_model_gives_transformers_greedy_tokens(
     assert llm.engine.runner.model.decode_layers is not None
     outputs = llm.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0))
     assert [list(out.outputs[0].token_ids) for out in outputs] == hf_greedy
+
+
+def test_a_host_profile_keys_the_one_call_path_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host profiles are cached per `cpu_float32_forward()`: the loop's profile would price the
+    one-call steps long."""
+    assert cpu_float32_forward() == f"{cpu_float32_backend()}+one-call-decode"
+    monkeypatch.setenv(decode_step.SWITCH, "off")
+    decode_step.kernel.cache_clear()
+    assert cpu_float32_forward() == cpu_float32_backend()
+    monkeypatch.setenv(decode_step.SWITCH, "on")
+    decode_step.kernel.cache_clear()
