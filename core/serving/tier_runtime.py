@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import faulthandler
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -30,6 +31,8 @@ from pdserve.core.serving.proto_convert import load_to_proto
 from pdserve.core.serving.server import ServiceHost
 from pdserve.core.structured.params import StructuredOutputsParams
 from pdserve.v1 import common_pb2
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 EXIT_WATCHDOG_S = 10.0  # from the server's stop to the process's end
@@ -101,10 +104,17 @@ class TierRuntime:
         self, future: concurrent.futures.Future[T], undo: Callable[[], None] | None
     ) -> T:
         """Awaits an engine-side future without ever cancelling it (the engine thread owns it:
-        cancelling it from here would race with the engine resolving it); `undo` on cancel."""
+        cancelling it from here would race with the engine resolving it); `undo` on cancel.
+
+        A cancelled caller leaves the future to resolve later, with no one to read it: its
+        outcome is read then (an error is logged at debug), so that a failure after the cancel
+        (a prefill's send that decode, the call gone, never takes: given up 30 s on) is not
+        reported as a future whose exception was never retrieved."""
+        outcome = asyncio.wrap_future(future)
         try:
-            return await asyncio.shield(asyncio.wrap_future(future))
+            return await asyncio.shield(outcome)
         except asyncio.CancelledError:
+            outcome.add_done_callback(_read_after_cancel)
             if undo is not None:
                 self.abort_soon(undo)
             raise
@@ -239,3 +249,8 @@ def run_tier(
     # threads' stacks go to the log and the process exits anyway, not a supervisor's kill later.
     faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)
     return 0
+
+
+def _read_after_cancel(outcome: asyncio.Future[object]) -> None:
+    if not outcome.cancelled() and outcome.exception() is not None:
+        log.debug("an outcome after its call was cancelled: %r", outcome.exception())
