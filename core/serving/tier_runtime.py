@@ -10,7 +10,7 @@ import faulthandler
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -251,6 +251,6 @@ def run_tier(
     return 0
 
 
-def _read_after_cancel(outcome: asyncio.Future[object]) -> None:
+def _read_after_cancel(outcome: asyncio.Future[Any]) -> None:
     if not outcome.cancelled() and outcome.exception() is not None:
         log.debug("an outcome after its call was cancelled: %r", outcome.exception())
