@@ -149,19 +149,19 @@ class CausalLM:
     def _decode_layers(self) -> decode_step.DecodeLayers | None:
         """The layers in one C++ object where every part has its CPU kernel: float32 on the CPU,
         every weight in panels (float32 or int8); None elsewhere (the loop runs)."""
+        if self.embed.device.type != "cpu" or self.dtype != torch.float32:
+            return None
         linears = {
             name: [getattr(layer, name) for layer in self.layers]
             for name in ("qkv", "o_proj", "gate_up", "down")
         }
-        if self.embed.device.type != "cpu" or self.dtype != torch.float32:
-            return None
         if any(weight.format not in PANEL_FORMATS for kind in linears.values() for weight in kind):
             return None
         config = self.config
         return decode_step.decode_layers(
-            norms=(
-                [layer.input_norm.contiguous() for layer in self.layers],
-                [layer.post_attention_norm.contiguous() for layer in self.layers],
+            norms=(  # made contiguous by the kernel, once
+                [layer.input_norm for layer in self.layers],
+                [layer.post_attention_norm for layer in self.layers],
             ),
             linears={name: [_packed(weight) for weight in kind] for name, kind in linears.items()},
             cos_sin=(self.rotary.cos, self.rotary.sin),
