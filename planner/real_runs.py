@@ -31,9 +31,9 @@ from pdserve.loadtest.config import LoadConfig, Method
 from pdserve.loadtest.driver import drive
 from pdserve.loadtest.schedule import POISSON_SEED, ArrivalSchedule, LoadSchedule
 from pdserve.local.cluster import Cluster, ClusterSpec, CpuPin
+from pdserve.local.ports import free_port_bases
 from pdserve.planner.workload import TraceRequest
 
-BASE_PORT, METRICS_PORT = 53000, 53500  # clear of `pdserve up`'s 50051 / 9100
 FIRST_ID, VOCAB = 100, 49152  # random prompt ids: SmolLM2's vocabulary without its special ids
 PREFILL_CORE, DECODE_CORE = 0, 1
 UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
@@ -101,12 +101,13 @@ def running_cluster(
 ) -> Iterator[Cluster]:
     """A ready cluster (pinned by tier unless `pins` says otherwise), stopped on exit."""
     pins = tier_cores(num_prefill, num_decode) if pins is None else pins
+    base_port, metrics_base_port = free_port_bases(2)  # fixed ones collided now and then
     spec = ClusterSpec(
         model_dir,
         num_prefill,
         num_decode,
-        BASE_PORT,
-        METRICS_PORT,
+        base_port,
+        metrics_base_port,
         worker_args=engine_flags(engine),
         router_args=router_args,
         env=UCX_ENV,

@@ -9,11 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.local.cluster import Cluster, ClusterSpec
+from pdserve.local.ports import free_port_bases
 from pdserve.planner.real_runs import own_cores
 
-# This benchmark's ports (docs/benchmarks.md): router at BASE_PORT, workers at fixed offsets.
-BASE_PORT = 50100
-METRICS_BASE_PORT = 50200
 UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
 
 
@@ -84,12 +82,13 @@ def running_arm(
     worker_args, router_args = worker_and_router_flags(arm, settings)
     router_args = (*router_args, *extra_router_args)
     worker_args = (*worker_args, *extra_worker_args)
+    base_port, metrics_base_port = free_port_bases(2)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=arm.num_prefill,
         num_decode=arm.num_decode,
-        base_port=BASE_PORT,
-        metrics_base_port=METRICS_BASE_PORT,
+        base_port=base_port,
+        metrics_base_port=metrics_base_port,
         worker_args=worker_args,
         router_args=router_args,
         env=UCX_ENV,

@@ -32,9 +32,9 @@ import grpc
 import numpy as np
 import torch
 
-from pdserve.bench.ports import free_port
 from pdserve.core.kv.cache import KVCache, KVLayout
 from pdserve.core.transfer.staging import Staging, block_index
+from pdserve.local.ports import free_port
 
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype="float32")
 NUM_BLOCKS = 160

@@ -18,16 +18,13 @@ import grpc
 from pdserve.client import GenerationClient, SamplingParams, build_request
 from pdserve.local.cluster import Cluster, ClusterSpec, Process
 from pdserve.local.netns import LinkShaping
+from pdserve.local.ports import free_port_bases
 from pdserve.v1 import common_pb2, decode_pb2_grpc
 
 FIRST_ORDINARY_TOKEN = 100  # clear of the special tokens at the start of the vocabulary
 TOKENS_BEFORE_MOVE = 8
 MAX_TOKENS = 32
 UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
-# This benchmark's ports (apart from `bench disagg`'s 50100/50200): router at BASE_PORT, workers
-# at fixed offsets after it.
-BASE_PORT = 50300
-METRICS_BASE_PORT = 50400
 
 
 class RunningCluster(Protocol):
@@ -74,13 +71,14 @@ def running_cluster(
     args: argparse.Namespace, model_dir: Path, name: str, prefill_args: tuple[str, ...] = ()
 ) -> Iterator[RunningCluster]:
     """A fresh, ready cluster of 1 prefill and 2 decode workers, stopped on the way out."""
+    base_port, metrics_base_port = free_port_bases(2)
     spec = ClusterSpec(
         model_dir=model_dir,
         num_prefill=1,
         num_decode=2,
         prefill_args=prefill_args,
-        base_port=BASE_PORT,
-        metrics_base_port=METRICS_BASE_PORT,
+        base_port=base_port,
+        metrics_base_port=metrics_base_port,
         env=UCX_ENV,
         drain_grace_seconds=120.0,
     )

@@ -57,10 +57,9 @@ from pdserve.core.sampling_params import SamplingParams
 from pdserve.core.serving.sampling_proto import sampling_to_proto
 from pdserve.loadtest.stats import percentile
 from pdserve.local.cluster import Cluster, ClusterSpec, Process
+from pdserve.local.ports import free_port_bases
 from pdserve.planner.real_runs import own_cores
 
-BASE_PORT = 50500  # this benchmark's ports (router, workers at fixed offsets)
-METRICS_BASE_PORT = 50600
 UCX_ENV = (("UCX_WARN_UNUSED_ENV_VARS", "n"),)
 PLACEMENTS = {"disaggregated": (1, 1), "colocated": (0, 2)}  # (prefill, decode) workers
 TIERS = ("none", "host", "host+disk")
@@ -134,13 +133,14 @@ def run_arm(
     repeat: int,
 ) -> ArmRow:
     num_prefill, num_decode = PLACEMENTS[placement]
+    base_port, metrics_base_port = free_port_bases(2)
     with tier_flags(tiers, args.host_gb) as offload:
         spec = ClusterSpec(
             model_dir=model_dir,
             num_prefill=num_prefill,
             num_decode=num_decode,
-            base_port=BASE_PORT,
-            metrics_base_port=METRICS_BASE_PORT,
+            base_port=base_port,
+            metrics_base_port=metrics_base_port,
             worker_args=("--num-kv-blocks", str(args.num_kv_blocks), *offload),
             router_args=("--routing-policy", "prefix"),
             env=UCX_ENV,

@@ -32,10 +32,10 @@ from pdserve.bench.offline.workload import (
 )
 from pdserve.bench.peers import llama as peers_llama
 from pdserve.bench.peers.report import PeerResult, json_line, report
-from pdserve.bench.ports import free_port
 from pdserve.core.config import NGRAM, SPECULATIVE_METHODS, EngineConfig
 from pdserve.core.kv.cache import DTYPES
 from pdserve.core.model.precision import QUANTIZATIONS
+from pdserve.local.ports import free_port
 
 DEFAULT_CACHE = Path.home() / ".cache" / "pdserve" / "peers"
 WARMUP_REQUESTS = 4

@@ -36,7 +36,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pdserve.bench.ports import free_port
 from pdserve.bench.router.capacity import (
     CapacityRow,
     default_clients,
@@ -54,6 +53,7 @@ from pdserve.bench.router.servers import TierStubs, serve_fakes, serve_relay
 # percentile is re-exported: callers (tests/router/test_bench.py) import it from here.
 from pdserve.bench.router.stats import percentile as percentile
 from pdserve.client import GenerationClient, build_request
+from pdserve.local.ports import free_port
 from pdserve.router.config import RelayMode
 from pdserve.v1 import common_pb2
 

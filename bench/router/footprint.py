@@ -26,8 +26,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pdserve.bench.ports import free_port
 from pdserve.core.model.source import resolve_model
+from pdserve.local.ports import free_port
 
 READY_SERVICE = "pdserve.v1.Generation"
 

@@ -28,6 +28,7 @@ from pdserve.local.cpu_limit import CpuGroup
 
 HOST = "127.0.0.1"
 MAX_ROUTERS = 5  # router replicas fit below the prefill ports: base, base + 2, .. base + 8
+LOG_TAIL_LINES = 30  # what an exited process's error quotes of its log
 READINESS = {
     "router": "pdserve.v1.Generation",
     "prefill": "pdserve.v1.Prefill",
@@ -114,6 +115,7 @@ class Process:
     metrics_port: int
     popen: subprocess.Popen[bytes] = field(compare=False)
     host: str = HOST  # its own pod's address under `pdserve up --netns`
+    log: Path | None = None  # its output, where the cluster keeps logs
 
     @property
     def address(self) -> str:
@@ -122,6 +124,15 @@ class Process:
     @property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
+
+    def exited(self) -> RuntimeError:
+        """The error for a process that stopped on its own: its exit code and the end of its log,
+        so a failure on a machine whose logs are gone (CI) says why."""
+        message = f"{self.name} exited ({self.popen.returncode})"
+        if self.log is None or not self.log.exists():
+            return RuntimeError(message)
+        tail = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        return RuntimeError("\n".join([f"{message}; the end of its log:", *tail]))
 
 
 class Cluster:
@@ -250,9 +261,10 @@ def spawn(spec: ClusterSpec, launch: Launch, log_dir: Path | None) -> Process:
         *worker_folders(launch.extra, f"{role}-{index}"),
     ]
     output: int | BinaryIO = subprocess.DEVNULL
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        output = open(log_dir / f"{role}-{index}.log", "wb")  # noqa: SIM115 (lives with the child)
+    log = None if log_dir is None else log_dir / f"{role}-{index}.log"
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        output = open(log, "wb")  # noqa: SIM115 (lives with the child)
     env = {**os.environ, **dict(spec.env), **dict(launch.env)}
     cpus = next((p.cpus for p in spec.pins if (p.role, p.index) == (role, index)), None)
     if cpus is not None:
@@ -270,7 +282,7 @@ def spawn(spec: ClusterSpec, launch: Launch, log_dir: Path | None) -> Process:
         if cpus is None and launch.cpu_group is None
         else functools.partial(_confine, cpus, launch.cpu_group),
     )
-    return Process(role, index, launch.port, launch.metrics_port, popen, launch.host)
+    return Process(role, index, launch.port, launch.metrics_port, popen, launch.host, log)
 
 
 def _confine(cpus: tuple[int, ...] | None, cpu_group: CpuGroup | None) -> None:
@@ -300,7 +312,7 @@ def wait_ready(processes: list[Process], tls: ClusterTls | None, timeout_s: floa
     for process in processes:
         while not is_ready(process, tls):
             if process.popen.poll() is not None:
-                raise RuntimeError(f"{process.name} exited ({process.popen.returncode})")
+                raise process.exited()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{process.name} not ready in {timeout_s:.0f}s")
             time.sleep(0.2)
@@ -313,7 +325,7 @@ def wait_router_sees(router: Process, healthy: Mapping[str, int], timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while not _counts_match(router_healthy_workers(router), healthy):
         if router.popen.poll() is not None:
-            raise RuntimeError(f"{router.name} exited ({router.popen.returncode})")
+            raise router.exited()
         if time.monotonic() > deadline:
             raise TimeoutError(f"the router does not see {dict(healthy)} healthy workers")
         time.sleep(0.2)

@@ -207,7 +207,7 @@ class PodCluster:
         self.router_process = self._spawn_in(self._router_pod, "router", 0, extra)
         while not is_ready(self.router_process, self.spec.tls):
             if self.router_process.popen.poll() is not None:
-                raise RuntimeError(f"router exited ({self.router_process.popen.returncode})")
+                raise self.router_process.exited()
             if self._clock() > deadline:
                 raise TimeoutError("router not ready in time")
             time.sleep(0.2)

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from ..integration.conftest import WORKER_ARGS, free_port_bases
+from pdserve.local.ports import free_port_bases
+
+from ..integration.conftest import WORKER_ARGS
 
 READY = "ready: pdserve.v1.Generation on "
 HTTP = "OpenAI HTTP API on "

@@ -26,10 +26,11 @@ import grpc
 import pytest
 
 from pdserve.local.netns import NETNS_ETC
+from pdserve.local.ports import free_port_bases
 from pdserve.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from tests.fakes import PROFILE_OTHER_HOST
 
-from ..integration.conftest import WORKER_ARGS, free_port_bases
+from ..integration.conftest import WORKER_ARGS
 from .netns_up import (
     Autoscale,
     NetnsUp,

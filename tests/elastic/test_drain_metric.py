@@ -4,21 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import prometheus_client
 
 from pdserve.core.serving.server import ServerConfig, ServiceHost
+from pdserve.local.ports import free_port
 
 HOST = "127.0.0.1"
 BUSY_S = 0.3
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
 
 
 def _drain_seconds() -> float:
@@ -29,7 +23,7 @@ def _drain_seconds() -> float:
 
 def test_the_drain_is_timed_from_sigterm_to_idle() -> None:
     async def scenario() -> tuple[float, float, float]:
-        config = ServerConfig(HOST, _free_port(), _free_port(), drain_grace_seconds=10.0)
+        config = ServerConfig(HOST, free_port(), free_port(), drain_grace_seconds=10.0)
         host = ServiceHost(config, "pdserve.test.Service", ["pdserve.test.Service"])
         await host.start()
         serving = _drain_seconds()

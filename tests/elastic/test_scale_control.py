@@ -14,6 +14,7 @@ import pytest
 
 from pdserve.cli import main
 from pdserve.local import scale_control
+from pdserve.local.ports import free_port
 from pdserve.local.scale_control import (
     MAX_CONNECTIONS,
     ControlServer,
@@ -23,12 +24,6 @@ from pdserve.local.scale_control import (
     request_scale,
 )
 from pdserve.local.status import ClusterStatus, Departure, MemberView, ScaleError
-
-
-def _unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Handler:
@@ -55,7 +50,7 @@ class Handler:
 
 @pytest.fixture
 def endpoint() -> Iterator[tuple[int, Handler]]:
-    port, handler = _unused_port(), Handler()
+    port, handler = free_port(), Handler()
     server = ControlServer(port, handler)
     server.start()
     yield port, handler
@@ -88,7 +83,7 @@ def test_one_endpoint_per_router_port(endpoint: tuple[int, Handler]) -> None:
 
 def test_no_cluster_on_the_port_says_scaling_needs_netns() -> None:
     with pytest.raises(NoClusterError, match="needs --netns"):
-        request_scale(_unused_port(), {"decode": 2}, timeout_s=5)
+        request_scale(free_port(), {"decode": 2}, timeout_s=5)
 
 
 def test_the_cli_prints_counts_and_drains(
@@ -99,7 +94,7 @@ def test_the_cli_prints_counts_and_drains(
     printed = capsys.readouterr().out
     assert "decode: 2 ready of 2 wanted" in printed
     assert "decode-3" in printed and "drained in 1.25 s" in printed
-    assert main(["scale", "--port", str(_unused_port()), "--decode", "2"]) == 1
+    assert main(["scale", "--port", str(free_port()), "--decode", "2"]) == 1
     assert "needs --netns" in capsys.readouterr().err
 
 

@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pdserve.local.cluster import Cluster, ClusterSpec, ClusterTls, CpuPin
+from pdserve.local.ports import free_port_bases
 
 # Small pools keep five processes within the CI machine's memory.
 WORKER_ARGS = ("--num-kv-blocks", "256", "--num-swap-blocks", "64")
 UCX_ENV = (("UCX_NET_DEVICES", "lo"), ("UCX_WARN_UNUSED_ENV_VARS", "n"))
-
-
-def free_port_bases(count: int, span: int = 30) -> list[int]:
-    """`count` base ports whose spans [base, base + span) are disjoint and free right now.
-
-    One probe for all of them: bases probed one at a time can overlap (nothing holds a probed
-    port), and a worker then finds its port taken by another's metrics server."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        total = count * span
-        if first + total < 65000 and all(_is_free(first + offset) for offset in range(total)):
-            return [first + index * span for index in range(count)]
-    raise RuntimeError("no free port range")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def start_cluster(

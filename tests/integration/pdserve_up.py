@@ -13,7 +13,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .conftest import UCX_ENV, WORKER_ARGS, free_port_bases
+from pdserve.local.ports import free_port_bases
+
+from .conftest import UCX_ENV, WORKER_ARGS
 
 
 class PdserveUp:

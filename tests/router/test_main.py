@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve.cli import build_parser
 from pdserve.client import GenerationClient, build_request
 from pdserve.core.serving.server import ServerConfig
+from pdserve.local.ports import free_port
 from pdserve.router.main import ModelSource, build_router, router_config_from_args, run, serve
 from pdserve.testing.fake_tiers import fake_tiers
 from pdserve.v1 import common_pb2
@@ -65,13 +65,6 @@ def test_bad_flags_exit_2_naming_the_flag(
     assert f"pdserve router: {flag}: " in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 async def _readiness(target: str) -> int:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -83,7 +76,7 @@ async def _readiness(target: str) -> int:
 def test_router_becomes_ready_serves_metrics_and_drains(model_dir: Path) -> None:
     async def body() -> None:
         async with fake_tiers() as tiers:
-            port, metrics_port = _free_port(), _free_port()
+            port, metrics_port = free_port(), free_port()
             router = build_router(
                 router_config_from_args(
                     parse(

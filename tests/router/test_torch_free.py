@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -19,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.client import GenerationClient, build_request
+from pdserve.local.ports import free_port
 from pdserve.testing.fake_tiers import fake_tiers
 from pdserve.v1 import common_pb2
 
@@ -67,13 +67,6 @@ assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 async def _wait_ready(target: str, router: subprocess.Popen[bytes]) -> None:
     request = health_pb2.HealthCheckRequest(service="pdserve.v1.Generation")
     async with grpc.aio.insecure_channel(target) as channel:
@@ -108,9 +101,9 @@ def test_a_router_process_serves_both_doors_without_torch(model_dir: Path) -> No
 
     async def body() -> None:
         async with fake_tiers() as tiers:
-            port, http_port = _free_port(), _free_port()
+            port, http_port = free_port(), free_port()
             command = [sys.executable, "-m", "pdserve", "router", "--host", "127.0.0.1"]
-            command += ["--port", str(port), "--metrics-port", str(_free_port())]
+            command += ["--port", str(port), "--metrics-port", str(free_port())]
             command += ["--http-port", str(http_port), "--model", str(model_dir)]
             command += ["--prefill", tiers.prefill_addresses[0]]
             command += ["--decode", tiers.decode_addresses[0]]

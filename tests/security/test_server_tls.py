@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from pdserve.core.serving.server import ServerConfig, ServiceHost
 from pdserve.core.serving.tls import ServerTls
+from pdserve.local.ports import free_port
 from pdserve.v1 import (
     decode_pb2,
     decode_pb2_grpc,
@@ -31,13 +31,6 @@ from .certs import Authority, Issued, issue, make_ca
 
 SERVICE = "pdserve.test.Service"
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class Pki:
