@@ -12,9 +12,9 @@ per-op path's bit for bit (tests/kernels/test_cpu_decode_step.py), so greedy out
 It runs where every part of a layer has its CPU kernel: float32 activations on the CPU, weights
 in panels (float32 or int8), a float32 KV cache, a step with no prefill chunk; anywhere else the
 per-op path runs. It is built as every CPU kernel of ours is (cpu_extensions.py: `./setup.sh`
-builds it, `PDSERVE_CPU_KERNELS=off` keeps the torch paths), and runs only with
-`PDSERVE_FUSED_DECODE=on` for now: the serving figures in docs/ were measured on the per-op path,
-and the default changes once they are measured again on this one (docs/kernels.md).
+builds it, `PDSERVE_CPU_KERNELS=off` keeps the torch paths). It runs by default;
+`PDSERVE_FUSED_DECODE=off` keeps the per-op path (as the serving figures in docs/ that say so
+were measured), and `bench offline --profile` turns it off to time the parts of a step apart.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class DecodeLayers(Protocol):
 
 @cache
 def kernel() -> ModuleType | None:
-    """The built kernel where `PDSERVE_FUSED_DECODE=on`, else None (the per-op path runs)."""
-    if os.environ.get(SWITCH, "off") != "on":
+    """The built kernel unless `PDSERVE_FUSED_DECODE=off` (then None: the per-op path runs)."""
+    if os.environ.get(SWITCH, "on") == "off":
         return None
     return EXTENSION.load()
 

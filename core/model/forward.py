@@ -3,9 +3,9 @@
 Like vLLM and nano-vllm, the model is written here rather than wrapped from transformers: it reads
 and writes K/V through block tables and slot mappings (`pdserve.kernels`), computes logits only
 for the tokens that need them, and fuses q/k/v and gate/up into one matmul each. On the CPU in
-float32, with `PDSERVE_FUSED_DECODE=on`, a decode-only step runs every layer in one C++ call
-(kernels/decode_step.py: the same kernels as the loop below, bit for bit, without the Python and
-torch ops between them).
+float32 a decode-only step runs every layer in one C++ call (kernels/decode_step.py: the same
+kernels as the loop below, bit for bit, without the Python and torch ops between them;
+`PDSERVE_FUSED_DECODE=off` runs the loop).
 """
 
 from __future__ import annotations
