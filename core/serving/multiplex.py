@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -88,24 +88,28 @@ class MultiplexStream:
         self, commands: AsyncIterator[decode_pb2.MultiplexCommand]
     ) -> AsyncIterator[decode_pb2.DecodeStep]:
         reader = asyncio.create_task(self._read(commands))
+        drained = asyncio.create_task(self.runtime.host.drained.wait())
+        ends = (reader, drained)  # either one: no more starts, so the stream ends once idle
         try:
-            while not (reader.done() and not self.runs and self.outbox.empty()):
-                items = await self._next_items(reader)
+            while not (_any_done(ends) and not self.runs and self.outbox.empty()):
+                items = await self._next_items(ends)
                 for message in split_by_bytes(self._step(items), MAX_MESSAGE_BYTES):
                     yield message
-            reader.result()  # a failed read ends the call with its error
+            if reader.done():
+                reader.result()  # a failed read ends the call with its error
         finally:
             reader.cancel()
+            drained.cancel()
             for compiling in self._compiling:
                 compiling.cancel()
             self._abort_all()
 
-    async def _next_items(self, reader: asyncio.Task[None]) -> list[Item]:
+    async def _next_items(self, ends: tuple[asyncio.Task[Any], ...]) -> list[Item]:
         """What steps delivered (every list queued, as one), or nothing once the router's
-        side has ended its commands."""
-        if self.outbox.empty() and not reader.done():
+        side has ended its commands or the worker has drained."""
+        if self.outbox.empty() and not _any_done(ends):
             getter = asyncio.ensure_future(self.outbox.get())
-            await asyncio.wait([getter, reader], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([getter, *ends], return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
                 getter.cancel()
                 return []
@@ -272,3 +276,7 @@ def split_by_bytes(step: decode_pb2.DecodeStep, limit: int) -> Iterator[decode_p
 
 # A repeated message field's tag (1 byte) and length prefix (up to 5 bytes) per delta.
 _FIELD_OVERHEAD = 6
+
+
+def _any_done(tasks: tuple[asyncio.Task[Any], ...]) -> bool:
+    return any(task.done() for task in tasks)

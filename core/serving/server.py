@@ -87,6 +87,10 @@ class ServiceHost:
         self.health_server = self._plain_health_server()
         enable_reflection([*service_names, health.SERVICE_NAME], self.server)
         self.draining = False
+        # Set once the drain has ended, just before the server stops: a long-lived stream with
+        # nothing left in flight (a router's Multiplex) ends on it with OK, rather than being
+        # cancelled by the stop (logged by grpc as an unhandled error).
+        self.drained = asyncio.Event()
         self._drain_started: float | None = None
         self._drain_ended: float | None = None
         DRAIN_SECONDS.set_function(self._drain_seconds)
@@ -159,6 +163,7 @@ class ServiceHost:
             await asyncio.sleep(_DRAIN_POLL_S)
         self._drain_ended = time.monotonic()
         log.info("drained in %.2f s (idle: %s)", self._drain_seconds(), is_idle())
+        self.drained.set()
         await self.server.stop(_FINAL_STOP_GRACE_S)
         if self.health_server is not None:
             await self.health_server.stop(None)

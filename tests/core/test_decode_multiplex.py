@@ -43,9 +43,13 @@ def _local(request_id: str, prompt: list[int], sampling: Any = GREEDY) -> Any:
     )
 
 
-async def _serve(engine: LLMEngine) -> tuple[grpc.aio.Server, str, EngineLoop]:
-    # Only `draining` of the host is read by the Decode servicer; this one never drains.
-    runtime = TierRuntime(cast(ServiceHost, SimpleNamespace(draining=False)))
+async def _serve(
+    engine: LLMEngine, host: SimpleNamespace | None = None
+) -> tuple[grpc.aio.Server, str, EngineLoop]:
+    # Only `draining` and `drained` of the host are read by the Decode servicer; this one never
+    # drains unless the test passes a host that does.
+    host = SimpleNamespace(draining=False, drained=asyncio.Event()) if host is None else host
+    runtime = TierRuntime(cast(ServiceHost, host))
     loop = EngineLoop(engine)
     loop.start()
     runtime.loop = loop
@@ -165,6 +169,41 @@ def test_a_cancel_and_the_end_of_the_stream_abort_their_requests(
             loop.stop()
         pool = engine.scheduler.kv_manager.block_pool
         assert not engine.requests and pool.num_free == pool.num_blocks
+
+    asyncio.run(body())
+
+
+def test_a_drained_worker_ends_the_stream_with_ok_once_its_requests_are_done(
+    engine: LLMEngine, prompts: list[list[int]]
+) -> None:
+    """The router's stream outlives its requests; at the end of a drain the worker ends it with
+    OK (it was cancelled by the server's stop, which grpc logs as an error), but not before the
+    requests still running on it have finished."""
+
+    async def body() -> None:
+        host = SimpleNamespace(draining=False, drained=asyncio.Event())
+        server, target, loop = await _serve(engine, host)
+        try:
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = decode_pb2_grpc.DecodeStub(channel)
+                commands = Commands()
+                local = _local("running", prompts[1])
+                commands.queue.put_nowait(decode_pb2.MultiplexCommand(generate_local=local))
+                call = stub.Multiplex(commands.__aiter__())
+                deltas: list[decode_pb2.TokenDelta] = []
+
+                async def read_to_the_end() -> None:
+                    async for step in call:
+                        deltas.extend(step.deltas)
+                        host.drained.set()  # while "running" runs: it still gets every token
+
+                await asyncio.wait_for(read_to_the_end(), timeout=60)  # without the end: hangs
+                assert await call.code() == grpc.StatusCode.OK
+        finally:
+            await server.stop(None)
+            loop.stop()
+        assert sum(len(d.token_ids) for d in deltas) == MAX_TOKENS
+        assert deltas[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
 
     asyncio.run(body())
 
