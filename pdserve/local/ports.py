@@ -2,8 +2,8 @@
 starts on this machine.
 
 Why not fixed ports: any port in the host's ephemeral range (32768-60999 on Linux) can be held by
-another process's outgoing connection or by another cluster's worker, and a fixed base there made
-a worker fail to bind now and then."""
+another process's outgoing connection or by another cluster's worker; the planner's runs, on a
+fixed base there, had a worker exit at start on CI."""
 
 from __future__ import annotations
 
