@@ -101,7 +101,7 @@ def running_cluster(
 ) -> Iterator[Cluster]:
     """A ready cluster (pinned by tier unless `pins` says otherwise), stopped on exit."""
     pins = tier_cores(num_prefill, num_decode) if pins is None else pins
-    base_port, metrics_base_port = free_port_bases(2)  # fixed ones collided now and then
+    base_port, metrics_base_port = free_port_bases(2)  # why not fixed ones: ports.py
     spec = ClusterSpec(
         model_dir,
         num_prefill,
